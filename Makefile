@@ -1,0 +1,29 @@
+# Two commands work on a fresh machine with only Python 3.11: `make demo` and `make test`.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python -m benchmarks.demo_channels
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_optimal_pram
+	$(BIN)/python -m benchmarks.bench_perturb
+	$(BIN)/python -m benchmarks.bench_estimate
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

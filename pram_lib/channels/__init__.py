@@ -1,0 +1,1 @@
+"""Channel families: each module builds a `pram_lib.channel.Channel`."""
