@@ -1,0 +1,335 @@
+"""The release steps as plain functions: read, profile, choose channels, perturb, estimate.
+
+Everything derived from the source here (profile, seeds) is confidential; only channels and
+what is computed from the released table may be published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.channel import Channel, encode
+from pram_lib.spec import PriorDP, PriorFile, ReleaseSpec, SpecError, VariableSpec
+
+NO_STRATUM: tuple = ()
+
+
+# -- read ---------------------------------------------------------------------------------------
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def needed_columns(spec: ReleaseSpec) -> list[str]:
+    cols = [v.column for v in spec.variables] + list(spec.passthrough)
+    return list(dict.fromkeys(cols))
+
+
+def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
+    """Read the columns the spec names (others are dropped); return (frame, SHA-256 of the file)."""
+    path = spec.resolve(spec.source.path)
+    if not path.is_file():
+        raise spec.error(("source", "path"), f"source file not found: {path}", spec.source.path,
+                         "fix the path (relative paths are taken from the spec's folder)")
+    digest = file_sha256(path)
+    wanted = needed_columns(spec)
+    categorical = {v.column for v in spec.variables}
+    try:
+        if spec.source.format == "csv":
+            header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
+            _check_columns(spec, header)
+            dtypes = {c: "str" for c in categorical}
+            dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
+            df = pd.read_csv(path, usecols=wanted, dtype=dtypes, encoding="utf-8",
+                             keep_default_na=False, na_values=["", "NA", "NaN", "?"])
+        else:
+            import pyarrow.parquet as pq
+
+            _check_columns(spec, pq.ParquetFile(path).schema_arrow.names)
+            df = pd.read_parquet(path, columns=wanted)
+            for c in categorical:
+                df[c] = df[c].astype("str").where(df[c].notna())
+            for c, t in spec.source.dtypes.items():
+                if c in wanted:
+                    df[c] = df[c].astype(t)
+    except UnicodeDecodeError as exc:
+        raise spec.error(("source", "path"), f"the source is not UTF-8 text (byte {exc.start})", str(path),
+                         "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise spec.error(("source",), f"cannot read the source: {exc}", str(path),
+                         "check `source.dtypes` and the file's contents") from None
+    if len(df) == 0:
+        raise spec.error(("source", "path"), "the source has no rows", str(path), "point to a non-empty file")
+    df = df[wanted]
+    for i, v in enumerate(spec.variables):
+        if df[v.column].isna().all():
+            raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
+                             "check the column, or drop the variable from the spec")
+    return df, digest
+
+
+def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
+    present = set(header)
+    for i, v in enumerate(spec.variables):
+        if v.column not in present:
+            raise spec.error(("variables", i, "column"), "column not in the source", v.column,
+                             f"use one of {sorted(present)[:30]}")
+    for j, c in enumerate(spec.passthrough):
+        if c not in present:
+            raise spec.error(("passthrough", j), "column not in the source", c, f"use one of {sorted(present)[:30]}")
+
+
+# -- profile (confidential) ----------------------------------------------------------------------
+@dataclass
+class VariableProfile:
+    column: str
+    categories: tuple
+    domain_from_data: bool
+    strata_columns: tuple
+    strata: list[tuple]              # stratum keys in a fixed order
+    stratum_index: np.ndarray        # row -> stratum number
+    counts: dict[tuple, np.ndarray]  # stratum -> counts over categories
+    missing: dict[tuple, int]
+
+
+@dataclass
+class Profile:
+    n_rows: int
+    variables: dict[str, VariableProfile]
+    passthrough: dict[str, dict] = field(default_factory=dict)
+
+
+def stratify(df: pd.DataFrame, columns: list[str]) -> tuple[list[tuple], np.ndarray]:
+    """Stratum keys (sorted, missing values as None) and the stratum number of every row."""
+    if not columns:
+        return [NO_STRATUM], np.zeros(len(df), dtype=np.int64)
+    keys = df[columns].astype("object").where(df[columns].notna(), None)
+    codes, uniques = pd.MultiIndex.from_frame(keys).factorize()
+    labels = [tuple(None if (isinstance(x, float) and math.isnan(x)) else x for x in u) for u in uniques]
+    order = sorted(range(len(labels)), key=lambda i: tuple((x is None, str(x)) for x in labels[i]))
+    remap = np.empty(len(order), dtype=np.int64)
+    remap[order] = np.arange(len(order))
+    return [labels[i] for i in order], remap[codes]
+
+
+def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
+    out: dict[str, VariableProfile] = {}
+    for i, v in enumerate(spec.variables):
+        col = df[v.column]
+        if v.categories is not None:
+            cats = tuple(str(c) for c in v.categories)
+            unknown = set(col.dropna().unique()) - set(cats)
+            if unknown:
+                raise spec.error(("variables", i, "categories"), "the source has values outside the declared "
+                                 "categories", sorted(map(str, unknown))[:10], "add them to `categories:` or recode")
+            from_data = False
+        else:
+            cats = tuple(sorted(map(str, col.dropna().unique())))
+            from_data = True
+        if len(cats) < 2:
+            raise spec.error(("variables", i, "column"), f"needs at least 2 categories, found {len(cats)}", cats,
+                             "declare the domain with `categories:`")
+        strata, index = stratify(df, list(v.strata))
+        codes = encode(col, cats, v.column)
+        counts, missing = {}, {}
+        flat = np.bincount(index * (len(cats) + 1) + (codes + 1), minlength=len(strata) * (len(cats) + 1))
+        flat = flat.reshape(len(strata), len(cats) + 1)
+        for j, key in enumerate(strata):
+            missing[key] = int(flat[j, 0])
+            counts[key] = flat[j, 1:].astype(float)
+        out[v.column] = VariableProfile(v.column, cats, from_data, tuple(v.strata), strata, index, counts, missing)
+    passthrough = {}
+    for c in spec.passthrough:
+        s = df[c]
+        info = {"dtype": str(s.dtype), "missing": int(s.isna().sum())}
+        if pd.api.types.is_numeric_dtype(s):
+            info.update(kind="numeric", min=float(s.min()), max=float(s.max()))
+        passthrough[c] = info
+    return Profile(len(df), out, passthrough)
+
+
+# -- choose channels -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Assignment:
+    """The channel chosen for one variable in one stratum."""
+
+    column: str
+    stratum: tuple
+    strata_columns: tuple
+    channel: Channel
+    prior: str
+    prior_epsilon: float
+
+    @property
+    def stratum_label(self) -> str:
+        if not self.strata_columns:
+            return "all"
+        return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(self.strata_columns, self.stratum))
+
+
+def stream(seed: int, *key: int) -> np.random.Generator:
+    """An independent random stream per (variable, stratum, purpose): order of steps does not matter."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy=seed, spawn_key=key)))
+
+
+def _prior(spec: ReleaseSpec, i: int, v: VariableSpec, counts: np.ndarray, cats: tuple,
+           seed: int, j: int) -> tuple[np.ndarray, str]:
+    if v.prior == "data":
+        return counts / counts.sum() if counts.sum() > 0 else np.full(len(cats), 1 / len(cats)), \
+            "data (the choice of matrix depends on the raw data)"
+    if v.prior == "uniform":
+        return np.full(len(cats), 1 / len(cats)), "uniform"
+    if isinstance(v.prior, PriorFile):
+        path = spec.resolve(v.prior.file)
+        if not path.is_file():
+            raise spec.error(("variables", i, "prior", "file"), "prior file not found", str(path), "fix the path")
+        ref = pd.read_csv(path, dtype={"category": "str"})
+        col = "probability" if "probability" in ref.columns else "count" if "count" in ref.columns else None
+        if "category" not in ref.columns or col is None:
+            raise spec.error(("variables", i, "prior", "file"), "prior file needs columns `category` and "
+                             "`probability` (or `count`)", list(ref.columns), "rename its columns")
+        w = ref.set_index("category")[col].reindex(list(cats))
+        if w.isna().any():
+            raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories",
+                             [c for c, x in zip(cats, w.isna()) if x][:10], "give every category a weight")
+        p = w.to_numpy(dtype=float)
+        return p / p.sum(), f"public file {v.prior.file}"
+    assert isinstance(v.prior, PriorDP)
+    eps0 = v.prior.dp
+    rng = stream(seed, i, j, 1)
+    # Replace-one neighbours change two counts by 1 each: L1 sensitivity 2.
+    noisy = np.clip(counts + rng.laplace(scale=2.0 / eps0, size=counts.size), 0, None)
+    p = noisy / noisy.sum() if noisy.sum() > 0 else np.full(len(cats), 1 / len(cats))
+    return p, f"differentially private histogram (ε0 = {eps0:g}, Laplace)"
+
+
+def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assignment]:
+    from pram_lib.channels.pram import optimal_pram
+    from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr
+
+    out: list[Assignment] = []
+    for i, v in enumerate(spec.variables):
+        vp = profile.variables[v.column]
+        cats = vp.categories
+        for j, key in enumerate(vp.strata):
+            counts = vp.counts[key]
+            prior_label, prior_eps = "none (channel does not depend on the data)", 0.0
+            if v.channel == "pram-optimal":
+                p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
+                prior_eps = v.prior_epsilon
+                ch = optimal_pram(p, v.epsilon, variable=v.column, categories=cats)
+            elif v.channel == "rr-uniform":
+                ch = uniform_rr(len(cats), math.exp(v.epsilon), variable=v.column, categories=cats)
+            elif v.channel == "pram-custom":
+                ch = custom_channel(np.asarray(v.matrix, dtype=float), cats, variable=v.column)
+            else:
+                p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
+                prior_eps = v.prior_epsilon
+                ch = invariant_pram(p, min_diagonal=v.min_diagonal, variable=v.column, categories=cats)
+            out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps))
+    check_budget(spec, out)
+    return out
+
+
+def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
+    """ε per record per variable: max over its (disjoint) strata, plus the prior's ε0."""
+    spent: dict[str, float] = {}
+    for a in assignments:
+        spent[a.column] = max(spent.get(a.column, 0.0), a.channel.epsilon + a.prior_epsilon)
+    return spent
+
+
+def check_budget(spec: ReleaseSpec, assignments: list[Assignment]) -> None:
+    spent = spent_by_variable(assignments)
+    for col, eps in spent.items():
+        if not math.isfinite(eps):
+            raise spec.error(spec.variable_loc(col), "this channel gives no privacy (ε = ∞: some released "
+                             "category rules out some true category)", col,
+                             "use a matrix without zeros, or channel pram-optimal / rr-uniform")
+    total = sum(spent.values())
+    if total > spec.budget + 1e-9:
+        detail = ", ".join(f"{c}={e:.4g}" for c, e in spent.items())
+        raise spec.error(("budget",), f"the chosen channels spend ε = {total:.4g} per record ({detail}), over "
+                         "the budget", spec.budget, "raise `budget:` or lower the variables' levels")
+
+
+# -- perturb -----------------------------------------------------------------------------------------
+def perturb_frame(df: pd.DataFrame, spec: ReleaseSpec, profile: Profile, assignments: list[Assignment],
+                  seed: int) -> pd.DataFrame:
+    """The released table: perturbed variables (same row order) + pass-through columns."""
+    by_var: dict[str, list[Assignment]] = {}
+    for a in assignments:
+        by_var.setdefault(a.column, []).append(a)
+    released = {}
+    for i, v in enumerate(spec.variables):
+        vp = profile.variables[v.column]
+        codes = encode(df[v.column], vp.categories, v.column)
+        out = np.full(codes.shape, -1, dtype=np.int64)
+        chans = {a.stratum: a.channel for a in by_var[v.column]}
+        for j, key in enumerate(vp.strata):
+            rows = np.flatnonzero(vp.stratum_index == j) if len(vp.strata) > 1 else slice(None)
+            out[rows] = chans[key].perturb_codes(codes[rows], stream(seed, i, j, 0))
+        outcats = by_var[v.column][0].channel.output_categories
+        released[v.column] = pd.Categorical.from_codes(out, categories=list(outcats))
+    for c in spec.passthrough:
+        released[c] = df[c].to_numpy()
+    return pd.DataFrame(released, index=pd.RangeIndex(len(df)))
+
+
+# -- estimate (from the release only) ----------------------------------------------------------------
+def released_counts(released: pd.DataFrame, a: Assignment, profile: Profile) -> np.ndarray:
+    vp = profile.variables[a.column]
+    codes = released[a.column].cat.codes.to_numpy()
+    if a.strata_columns:
+        # The stratum columns are released unchanged, so this uses public data only.
+        j = vp.strata.index(a.stratum)
+        codes = codes[vp.stratum_index == j]
+    codes = codes[codes >= 0]
+    return np.bincount(codes, minlength=a.channel.n_outputs).astype(float)
+
+
+def estimate_release(released: pd.DataFrame, assignments: list[Assignment], profile: Profile,
+                     level: float = 0.95) -> pd.DataFrame:
+    """Per variable and stratum: released counts and the estimated true distribution with intervals."""
+    frames = []
+    for a in assignments:
+        counts = released_counts(released, a, profile)
+        row = {"variable": a.column, "stratum": a.stratum_label}
+        if counts.sum() == 0:
+            continue
+        est = a.channel.estimate(counts)
+        f = pd.DataFrame({
+            **row,
+            "category": [str(c) for c in a.channel.categories],
+            "released_count": counts if a.channel.n_outputs == a.channel.n_inputs else np.nan,
+            "released_share": counts / counts.sum() if a.channel.n_outputs == a.channel.n_inputs else np.nan,
+            "estimate": est.inversion,
+            "se": est.se,
+            "lower": est.lower,
+            "upper": est.upper,
+            "projected": est.projected,
+            "mle": est.mle,
+            "n": est.n,
+        })
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True)
+
+
+def expected_tvd(estimates: pd.DataFrame) -> dict[str, float]:
+    """E[TVD(estimate, truth)] ≈ ½ Σ se·√(2/π) per variable (normal approximation; release-only)."""
+    out = {}
+    for (var, _), g in estimates.groupby(["variable", "stratum"], sort=False):
+        t = 0.5 * float(np.sum(g["se"].to_numpy()) * math.sqrt(2 / math.pi))
+        out[var] = max(out.get(var, 0.0), t)
+    return out

@@ -1,0 +1,343 @@
+"""The YAML privacy spec: typed models, and errors that name file, line, column, field and fix."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+CHANNELS = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
+LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")
+
+
+class SpecError(ValueError):
+    """A spec or source problem, located in the spec file."""
+
+    def __init__(self, file: str, line: int | None, column: int | None, field: str, problem: str,
+                 found: Any = None, fix: str = ""):
+        self.file, self.line, self.column, self.field = file, line, column, field
+        self.problem, self.found, self.fix = problem, found, fix
+        where = f"{file}:{line}:{column}" if line is not None else file
+        msg = f"{where}: field '{field}': {problem}"
+        if found is not None:
+            msg += f" (found: {found!r})"
+        if fix:
+            msg += f". Fix: {fix}"
+        super().__init__(msg)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PriorFile(_Strict):
+    file: str = Field(description="CSV with columns category,probability (or count): a PUBLIC reference")
+
+
+class PriorDP(_Strict):
+    dp: float = Field(gt=0, description="ε0 spent on a differentially private histogram of the source")
+
+
+Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
+
+
+class SourceSpec(_Strict):
+    path: str
+    format: Literal["csv", "parquet"] | None = None
+    dtypes: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _infer_format(self) -> "SourceSpec":
+        if self.format is None:
+            suffixes = Path(self.path).suffixes
+            if ".parquet" in suffixes or ".pq" in suffixes:
+                self.format = "parquet"
+            elif ".csv" in suffixes:
+                self.format = "csv"
+            else:
+                raise ValueError("cannot tell the format from the file name; add `format: csv` or `format: parquet`")
+        return self
+
+
+class VariableSpec(_Strict):
+    column: str
+    channel: str
+    alpha: float | None = None
+    gamma: float | None = None
+    categories: list[Union[str, int]] | None = None
+    matrix: list[list[float]] | None = None
+    min_diagonal: float | None = None
+    prior: Prior = "data"
+    strata: list[str] = Field(default_factory=list)
+
+    @field_validator("channel")
+    @classmethod
+    def _known_channel(cls, v: str) -> str:
+        if v not in CHANNELS:
+            raise ValueError(f"unknown channel; expected one of {', '.join(CHANNELS)}")
+        return v
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_positive(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise ValueError("alpha must be a finite number > 0 (alpha = 0 would release nothing)")
+        return v
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma_above_one(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 1 and math.isfinite(v)):
+            raise ValueError("gamma must be a finite number > 1 (gamma = e^alpha)")
+        return v
+
+    @field_validator("min_diagonal")
+    @classmethod
+    def _min_diag(cls, v: float | None) -> float | None:
+        if v is not None and not (0 < v < 1):
+            raise ValueError("min_diagonal must lie in (0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _level_rules(self) -> "VariableSpec":
+        if self.alpha is not None and self.gamma is not None:
+            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
+        if self.channel in LEVEL_CHANNELS and self.alpha is None and self.gamma is None:
+            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+        if self.channel == "pram-custom":
+            if self.matrix is None or self.categories is None:
+                raise ValueError("channel pram-custom needs `matrix:` and `categories:`")
+        elif self.matrix is not None:
+            raise ValueError(f"`matrix:` is only for channel pram-custom, not {self.channel}")
+        if self.channel == "pram-invariant" and self.min_diagonal is None:
+            raise ValueError("channel pram-invariant needs `min_diagonal:` (smallest keep probability)")
+        if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma):
+            raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma")
+        if self.channel == "rr-uniform" and self.prior != "data":
+            raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
+        return self
+
+    @property
+    def epsilon(self) -> float | None:
+        """The stated level as ε (None when the channel's matrix sets it)."""
+        if self.alpha is not None:
+            return self.alpha
+        if self.gamma is not None:
+            return math.log(self.gamma)
+        return None
+
+    @property
+    def prior_epsilon(self) -> float:
+        return self.prior.dp if isinstance(self.prior, PriorDP) else 0.0
+
+
+class ValidationSpec(_Strict):
+    level: float = Field(default=1e-3, gt=0, lt=0.5)
+
+
+class ReleaseSpec(_Strict):
+    release: str
+    description: str = ""
+    source: SourceSpec
+    output: str = "releases"
+    private_store: str = "private"
+    budget: float = Field(gt=0)
+    population: str | None = None
+    seed: int | None = None
+    csv: bool = False
+    passthrough: list[str] = Field(default_factory=list)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    variables: list[VariableSpec] = Field(min_length=1)
+
+    _path: Path = PrivateAttr(default=Path("<spec>"))
+    _marks: dict = PrivateAttr(default_factory=dict)
+    _sha256: str = PrivateAttr(default="")
+
+    @field_validator("release")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
+            raise ValueError("release names use letters, digits, '.', '_' and '-' only (it names a folder)")
+        return v
+
+    # -- locations ----------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256
+
+    def resolve(self, p: str) -> Path:
+        """A path from the spec, relative to the spec file's folder."""
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else (self._path.parent / q).resolve()
+
+    def error(self, loc: tuple, problem: str, found: Any = None, fix: str = "") -> SpecError:
+        line, col = _locate(self._marks, loc)
+        return SpecError(str(self._path), line, col, _dotted(loc), problem, found, fix)
+
+    def variable_loc(self, column: str) -> tuple:
+        for i, v in enumerate(self.variables):
+            if v.column == column:
+                return ("variables", i)
+        return ("variables",)
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _locate(marks: dict, loc: tuple) -> tuple[int | None, int | None]:
+    loc = tuple(loc)
+    while loc:
+        if loc in marks:
+            return marks[loc]
+        loc = loc[:-1]
+    return marks.get((), (None, None))
+
+
+def _collect_marks(node: yaml.Node, path: tuple, marks: dict) -> None:
+    marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            k = key.value if isinstance(key, yaml.ScalarNode) else str(key)
+            _collect_marks(value, path + (k,), marks)
+            marks.setdefault(path + (k,), (key.start_mark.line + 1, key.start_mark.column + 1))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _collect_marks(item, path + (i,), marks)
+
+
+def _clean_pydantic_loc(loc: tuple) -> tuple:
+    # Drop union-branch tags such as 'literal['data','uniform']' or 'PriorDP' that pydantic adds.
+    return tuple(p for p in loc if isinstance(p, int) or not (p.startswith(("literal[", "function-")) or p[:1].isupper()))
+
+
+_FIXES = {
+    "extra_forbidden": "remove it, or check its spelling against the spec reference in README.md",
+    "missing": "add it",
+}
+
+
+def load_spec(path: str | Path) -> ReleaseSpec:
+    """Parse and check a spec file (no data is read)."""
+    path = Path(path)
+    fname = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(fname, None, None, "<file>", f"cannot read the spec: {exc.strerror}",
+                        fix="check the path") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(fname, None, None, "<file>", f"not UTF-8 (byte {exc.start})",
+                        fix="save the spec as UTF-8") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise SpecError(fname, line, col, "<yaml>", f"YAML syntax error: {getattr(exc, 'problem', exc)}",
+                        fix="fix the indentation/quoting at that place") from None
+    if not isinstance(data, dict):
+        raise SpecError(fname, 1, 1, "<root>", "the spec must be a mapping of fields",
+                        found=type(data).__name__, fix="start from specs/adult.yaml")
+    marks: dict = {}
+    _collect_marks(node, (), marks)
+    try:
+        spec = ReleaseSpec.model_validate(data)
+    except ValidationError as exc:
+        generic = {"missing", "extra_forbidden", "literal_error", "model_type", "dict_type"}
+        err = min(exc.errors(), key=lambda e: (e["type"] in generic, -len(e["loc"])))
+        loc = _clean_pydantic_loc(tuple(err["loc"]))
+        line, col = _locate(marks, loc)
+        found = err.get("input")
+        if isinstance(found, (dict, list)) and err["type"] != "extra_forbidden":
+            found = None
+        problem = err["msg"].removeprefix("Value error, ")
+        raise SpecError(fname, line, col, _dotted(loc), problem, found,
+                        _FIXES.get(err["type"], "see the spec reference in README.md")) from None
+    spec._path = path.resolve()
+    spec._marks = marks
+    spec._sha256 = hashlib.sha256(raw).hexdigest()
+    check_spec(spec)
+    return spec
+
+
+def check_spec(spec: ReleaseSpec) -> None:
+    """Cross-field rules that need the whole spec."""
+    seen: dict[str, int] = {}
+    for i, v in enumerate(spec.variables):
+        if v.column in seen:
+            raise spec.error(("variables", i, "column"), "variable named twice", v.column,
+                             f"keep one entry (the first is variables[{seen[v.column]}])")
+        seen[v.column] = i
+    for j, col in enumerate(spec.passthrough):
+        if col in seen:
+            raise spec.error(("passthrough", j), "a perturbed variable cannot also pass through unchanged", col,
+                             "remove it from `passthrough:` or from `variables:`")
+    for i, v in enumerate(spec.variables):
+        for j, s in enumerate(v.strata):
+            if s not in spec.passthrough:
+                raise spec.error(("variables", i, "strata", j),
+                                 "a stratum column must be released unchanged so analysts can use it", s,
+                                 f"add {s!r} to `passthrough:` (the report flags it)")
+        if v.channel == "pram-custom":
+            _check_custom(spec, i, v)
+    spent = static_budget(spec)
+    if spent > spec.budget + 1e-12:
+        parts = ", ".join(f"{v.column}={v.epsilon if v.epsilon is not None else 'matrix'}"
+                          for v in spec.variables)
+        raise spec.error(("budget",), f"the variables spend ε = {spent:.4g} in total (sequential composition: "
+                         f"{parts}), over the budget", spec.budget,
+                         "raise `budget:` or lower the variables' alpha/gamma")
+
+
+def _check_custom(spec: ReleaseSpec, i: int, v: VariableSpec) -> None:
+    import numpy as np
+
+    m = np.asarray(v.matrix, dtype=float) if v.matrix and all(isinstance(r, list) for r in v.matrix) else None
+    if m is None or m.ndim != 2:
+        raise spec.error(("variables", i, "matrix"), "the matrix must be a list of rows of numbers",
+                         fix="write one row per category")
+    k = len(v.categories)
+    if m.shape[0] != k:
+        raise spec.error(("variables", i, "matrix"), f"{m.shape[0]} rows for {k} categories", fix="one row per category")
+    if len(set(map(str, v.categories))) != k:
+        raise spec.error(("variables", i, "categories"), "categories repeat", v.categories, "name each once")
+    for r, row in enumerate(m):
+        if not np.all(np.isfinite(row)) or np.any(row < 0):
+            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) has a negative or "
+                             "non-finite entry", row.tolist(), "probabilities are numbers in [0, 1]")
+        if abs(row.sum() - 1.0) > 1e-9:
+            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) sums to "
+                             f"{row.sum():.12g}, not 1", row.tolist(),
+                             "each row is P(released | true) and must sum to 1")
+
+
+def static_budget(spec: ReleaseSpec) -> float:
+    """ε per record known before reading data: Σ over variables (sequential composition)."""
+    import numpy as np
+
+    from pram_lib.channel import dense_epsilon
+
+    total = 0.0
+    for v in spec.variables:
+        total += v.prior_epsilon
+        if v.epsilon is not None:
+            total += v.epsilon
+        elif v.channel == "pram-custom":
+            total += dense_epsilon(np.asarray(v.matrix, dtype=float))
+    return total
