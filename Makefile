@@ -18,7 +18,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/python -m benchmarks.demo_channels
+	bash scripts/demo.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_optimal_pram

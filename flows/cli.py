@@ -1,0 +1,171 @@
+"""`pram-release`: run | check | ui | verify."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+DEFAULT_PORT = 4200
+
+
+def _api_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}/api"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from pram_lib import release
+    from pram_lib.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+        source, digest = release.read_source(spec)
+        profile = release.profile_source(source, spec)
+        assignments = release.choose_channels(spec, profile, secrets.randbits(128))
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"spec {spec.path} OK: release '{spec.release}', source {len(source):,} rows "
+          f"(sha256 {digest[:12]}…)")
+    print(f"{'variable':<18} {'stratum':<22} {'S':>5} {'epsilon':>8} {'gamma':>8} {'MI nats':>9}  method")
+    for a in assignments:
+        c = a.channel
+        mi = "" if c.objective is None or math.isnan(c.objective) else f"{c.objective:.4g}"
+        print(f"{a.column:<18} {a.stratum_label[:22]:<22} {c.n_inputs:>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} "
+              f"{mi:>9}  {c.method}{'' if c.certified else ' [not certified]'}")
+    spent = sum(release.spent_by_variable(assignments).values())
+    print(f"budget: epsilon {spent:.4g} of {spec.budget:g} per record ({spec.budget - spent:.4g} left)")
+    if spec.passthrough:
+        print(f"pass-through (unprotected): {', '.join(spec.passthrough)}")
+    print("nothing written.")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not os.environ.get("PREFECT_API_URL"):
+        print("note: PREFECT_API_URL is not set; Prefect starts a temporary server for this run (15-25 s). "
+              "Start one with `pram-release ui`.", file=sys.stderr)
+    from flows.release import release_flow
+    from pram_lib.spec import SpecError
+
+    t0 = time.perf_counter()
+    try:
+        folder = release_flow(str(Path(args.spec).resolve()), seed=args.seed)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"release: {folder}")
+    print(f"flow time: {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"{_api_url(port)}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start_server(home: Path, port: int, timeout: float = 180) -> tuple[int | None, str]:
+    """Start `prefect server start` on 127.0.0.1 in the background (unless one is up); wait until healthy."""
+    url = _api_url(port)
+    if _healthy(port):
+        return None, url
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url}
+    log = open(home / "server.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    (home / "server.pid").write_text(str(proc.pid))
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if _healthy(port):
+            return proc.pid, url
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited early; see {home / 'server.log'}")
+        time.sleep(1)
+    raise RuntimeError(f"prefect server not healthy after {timeout:.0f} s; see {home / 'server.log'}")
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    home = Path(args.home).resolve()
+    if args.stop:
+        pid_file = home / "server.pid"
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), 15)
+            except ProcessLookupError:
+                pass
+            pid_file.unlink()
+            print("server stopped")
+        return 0
+    pid, url = start_server(home, args.port)
+    ui = url.removesuffix("/api")
+    print(f"Prefect UI: {ui}  (API {url}; database {home / 'prefect.db'}"
+          f"{'' if pid is None else f'; pid {pid}, stop with: pram-release ui --stop'})")
+    print(f"export PREFECT_API_URL={url}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from pram_lib.audit import sha256_file, verify_chain, verify_manifest
+
+    folder = Path(args.release)
+    ok_m, msg_m = verify_manifest(folder)
+    print(("OK   " if ok_m else "FAIL ") + msg_m)
+    ok = ok_m
+    audit_path = Path(args.audit) if args.audit else None
+    if audit_path is not None:
+        ok_c, msg_c = verify_chain(audit_path)
+        print(("OK   " if ok_c else "FAIL ") + msg_c)
+        ok = ok and ok_c
+        if ok_c and (folder / "manifest.json").exists():
+            digest = sha256_file(folder / "manifest.json")
+            entries = [json.loads(x) for x in audit_path.read_bytes().splitlines() if x.strip()]
+            hit = [e for e in entries if e.get("folder") == folder.name]
+            if not hit:
+                print(f"FAIL {audit_path}: no audit entry for release {folder.name}")
+                ok = False
+            elif hit[-1].get("manifest_sha256") != digest:
+                print(f"FAIL {folder / 'manifest.json'}: its SHA-256 differs from the audit entry")
+                ok = False
+            else:
+                print(f"OK   audit entry for {folder.name} matches manifest.json")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pram-release", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="run the release flow for SPEC and print the release folder")
+    p.add_argument("spec")
+    p.add_argument("--seed", type=int, default=None, help="fix the seed (tests, reproductions); default OS entropy")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
+    p.add_argument("spec")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("ui", help="start a local Prefect server + UI on 127.0.0.1 (database under .prefect-home)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--home", default=".prefect-home")
+    p.add_argument("--stop", action="store_true")
+    p.set_defaults(func=cmd_ui)
+    p = sub.add_parser("verify", help="recompute a release's manifest hashes (and the audit chain)")
+    p.add_argument("release")
+    p.add_argument("--audit", default=None, help="path of the private audit log (audit.jsonl)")
+    p.set_defaults(func=cmd_verify)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The validation gate: Great Expectations on the released table + a statistical check per channel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.release import Assignment, Profile, released_counts
+from pram_lib.spec import ReleaseSpec
+
+
+def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]) -> dict:
+    """What the released table must look like, from the spec and the channels."""
+    cols: dict[str, dict] = {}
+    for v in spec.variables:
+        vp = profile.variables[v.column]
+        outcats = next(a.channel.output_categories for a in assignments if a.column == v.column)
+        cols[v.column] = {"kind": "categorical", "domain": [str(c) for c in outcats],
+                          "max_missing": int(sum(vp.missing.values()))}
+    for c, info in profile.passthrough.items():
+        if info.get("kind") == "numeric":
+            cols[c] = {"kind": "numeric", "min": info["min"], "max": info["max"], "max_missing": info["missing"]}
+        else:
+            cols[c] = {"kind": "passthrough", "max_missing": info["missing"]}
+    return cols
+
+
+def run_gate(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], released: pd.DataFrame,
+             out_dir: Path | None) -> dict:
+    from pram_lib.validate import channel_consistency_test, gate_message, validate_table
+
+    gx = validate_table(released, declared_columns(spec, profile, assignments), profile.n_rows, out_dir)
+    stats = []
+    for a in assignments:
+        vp = profile.variables[a.column]
+        src = vp.counts[a.stratum]
+        rel = released_counts(released, a, profile)
+        res = channel_consistency_test(np.asarray(src), rel, a.channel, level=spec.validation.level)
+        res.update(variable=a.column, stratum=a.stratum_label)
+        stats.append(res)
+    passed = bool(gx["success"]) and all(s["passed"] for s in stats)
+    failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
+        if not gx["success"] else []
+    message = "" if passed else gate_message([*(s for s in stats if not s["passed"])] + failed)
+    return {"passed": passed, "gx": gx, "statistical": stats, "message": message}

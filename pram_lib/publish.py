@@ -1,0 +1,305 @@
+"""Release folders (staged, then renamed into place), artefacts, reports and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pram_lib import __version__
+from pram_lib.audit import build_manifest, sha256_file as sha256_of
+from pram_lib.release import Assignment, Profile, expected_tvd, spent_by_variable
+from pram_lib.spec import ReleaseSpec
+
+PRIORS_FOR_REPORT = (0.01, 0.10, 0.50)
+
+
+class ReleaseExistsError(FileExistsError):
+    pass
+
+
+# -- staging and atomic publication -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    tmp: Path
+    final: Path
+
+
+def begin_release(spec: ReleaseSpec, run_time: datetime | None = None) -> Stage:
+    """A hidden temporary sibling of the final folder; nothing is visible until `finish_release`."""
+    run_time = run_time or datetime.now(timezone.utc)
+    out = spec.resolve(spec.output)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"{spec.release}-{run_time.strftime('%Y%m%dT%H%M%S%fZ')}"
+    if final.exists():
+        raise ReleaseExistsError(f"{final} already exists; a published release is never overwritten")
+    tmp = out / f".{final.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return Stage(tmp, final)
+
+
+def finish_release(stage: Stage) -> Path:
+    """Write the manifest, flush everything, and rename the folder into place (atomic on one filesystem)."""
+    manifest = build_manifest(stage.tmp)
+    (stage.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    for p in stage.tmp.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    if stage.final.exists():
+        raise ReleaseExistsError(f"{stage.final} already exists; a published release is never overwritten")
+    os.rename(stage.tmp, stage.final)
+    fd = os.open(stage.final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return stage.final
+
+
+def abandon_release(stage: Stage) -> None:
+    shutil.rmtree(stage.tmp, ignore_errors=True)
+
+
+# -- artefacts ------------------------------------------------------------------------------------
+def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
+    spent = spent_by_variable(assignments)
+    entries = []
+    for a in assignments:
+        d = a.channel.to_dict()
+        d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
+                 stratum_key=[None if x is None else str(x) for x in a.stratum],
+                 prior=a.prior, prior_epsilon=a.prior_epsilon)
+        entries.append(d)
+    return {
+        "release": spec.release,
+        "convention": "matrix[x][z] = P(released = z | true = x); keep-uniform: keep x w.p. keep[x], "
+                      "else uniform over the other categories",
+        "budget": spec.budget,
+        "epsilon_spent": sum(spent.values()),
+        "epsilon_by_variable": spent,
+        "composition": "sequential over variables, parallel over disjoint strata",
+        "channels": entries,
+    }
+
+
+def write_data(stage: Stage, released: pd.DataFrame, csv: bool) -> list[str]:
+    released.to_parquet(stage.tmp / "data.parquet", index=False)
+    files = ["data.parquet"]
+    if csv:
+        released.to_csv(stage.tmp / "data.csv", index=False)
+        files.append("data.csv")
+    return files
+
+
+def aggregate_strata(estimates: pd.DataFrame) -> pd.DataFrame:
+    """Per-variable totals over strata: p = Σ (n_s/n) p_s; variances add (independent strata)."""
+    rows = []
+    for var, g in estimates.groupby("variable", sort=False):
+        if (g["stratum"] == "all").all():
+            rows.append(g)
+            continue
+        n_s = g.groupby("stratum", sort=False)["n"].first()
+        n = float(n_s.sum())
+        w = g["stratum"].map(n_s / n)
+        agg = (g.assign(w_est=w * g["estimate"], w_var=(w * g["se"]) ** 2, w_proj=w * g["projected"],
+                        w_mle=w * g["mle"])
+               .groupby("category", sort=False)
+               .agg(released_count=("released_count", "sum"), estimate=("w_est", "sum"), var=("w_var", "sum"),
+                    projected=("w_proj", "sum"), mle=("w_mle", "sum"))
+               .reset_index())
+        z = 1.959963984540054
+        se = np.sqrt(agg["var"].to_numpy())
+        rows.append(pd.DataFrame({
+            "variable": var, "stratum": "all", "category": agg["category"],
+            "released_count": agg["released_count"], "released_share": agg["released_count"] / n,
+            "estimate": agg["estimate"], "se": se, "lower": agg["estimate"] - z * se,
+            "upper": agg["estimate"] + z * se, "projected": agg["projected"], "mle": agg["mle"], "n": n,
+        }))
+    return pd.concat(rows, ignore_index=True)
+
+
+def with_totals(estimates: pd.DataFrame) -> pd.DataFrame:
+    """Rows per stratum plus, for every variable, its total over strata (stratum "all")."""
+    return pd.concat([aggregate_strata(estimates), estimates[estimates["stratum"] != "all"]], ignore_index=True)
+
+
+def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (stage.tmp / "plots").mkdir(exist_ok=True)
+    files = []
+    for var, g in overall.groupby("variable", sort=False):
+        g = g.sort_values("estimate", ascending=False).head(max_categories)
+        x = np.arange(len(g))
+        fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(g) + 2), 4))
+        ax.bar(x - 0.2, g["released_share"], width=0.4, label="released frequency (raw)", color="#bbbbbb")
+        err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
+        ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
+               label="estimated true distribution, 95% interval")
+        ax.set_xticks(x, [str(c) for c in g["category"]], rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel("share of records")
+        ax.set_title(f"{var}: estimated true distribution vs released frequencies")
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"plots/{var}.png"
+        fig.savefig(stage.tmp / name, dpi=100, metadata={"Software": None})
+        plt.close(fig)
+        files.append(name)
+    return files
+
+
+def h_gamma(p: float, gamma: float) -> float:
+    """Chai–Nayak: the largest posterior an intruder can reach from prior p under parity γ."""
+    if math.isinf(gamma):
+        return 1.0
+    return gamma * p / (1 + (gamma - 1) * p)
+
+
+def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame,
+                  validation: dict, n_rows: int, released_columns: list[str], started: str,
+                  plots: list[str]) -> str:
+    spent = spent_by_variable(assignments)
+    total = sum(spent.values())
+    tvd = expected_tvd(overall)
+    by_var: dict[str, list[Assignment]] = {}
+    for a in assignments:
+        by_var.setdefault(a.column, []).append(a)
+    L = [f"# Release `{spec.release}`", ""]
+    if spec.description:
+        L += [spec.description.strip(), ""]
+    L += [
+        f"- created: {started} (UTC) by pram-release {__version__}",
+        f"- spec: `{spec.path.name}` (SHA-256 `{spec.sha256[:16]}…`)",
+        f"- records released: {n_rows:,}; columns: {', '.join(f'`{c}`' for c in released_columns)}",
+        "- columns of the source that the spec does not name were dropped.",
+    ]
+    if spec.passthrough:
+        L.append(f"- **pass-through (released unchanged, no protection): "
+                 f"{', '.join(f'`{c}`' for c in spec.passthrough)}**")
+    L += ["", "## Privacy", "",
+          "Each variable is perturbed record by record by a published channel. ε (the PRAM paper's α) is the "
+          "local differential-privacy level of the channel; γ = e^ε is the Chai–Nayak bound: every Bayes factor "
+          "an intruder can get from a released value lies in [1/γ, γ]. The last three columns give the largest "
+          "posterior probability an intruder can reach about a record from a prior of 1%, 10% and 50%.", "",
+          "| variable | channel | strata | ε | γ | method | prior | 1% → | 10% → | 50% → |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for var, alist in by_var.items():
+        eps = max(a.channel.epsilon for a in alist)
+        g = math.exp(eps)
+        methods = sorted({a.channel.method for a in alist})
+        v = next(x for x in spec.variables if x.column == var)
+        post = " | ".join(f"{100 * h_gamma(p, g):.1f}%" for p in PRIORS_FOR_REPORT)
+        L.append(f"| `{var}` | {v.channel} | {len(alist)} | {eps:.4g} | {g:.4g} | {'; '.join(methods)} | "
+                 f"{alist[0].prior} | {post} |")
+    L += ["", f"Budget: ε = **{total:.4g}** spent of {spec.budget:g} per record "
+          f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
+          "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
+          "adds its ε0.", ""]
+    if any(a.prior.startswith("data") for a in assignments):
+        L += ["**Note:** where the prior is `data`, the optimal matrix was chosen from the raw frequencies of the "
+              "source. The published matrix therefore depends on confidential data; the ε above covers the "
+              "released values, not what the choice of matrix reveals. Use `prior: uniform`, a public file or "
+              "`prior: {dp: ε0}` for a release whose every output is covered.", ""]
+    L += ["## Utility", "",
+          "Mutual information I(X;Z) is the channel's objective under the prior it was chosen for. The expected "
+          "TVD is ½·Σ se·√(2/π), the expected total-variation error of the estimate, computed from the release.", "",
+          "| variable | categories | I(X;Z) nats | expected TVD of the estimate |", "|---|---|---|---|"]
+    for var, alist in by_var.items():
+        mi = alist[0].channel.objective
+        mi_s = "—" if mi is None or (isinstance(mi, float) and math.isnan(mi)) else f"{mi:.4g}"
+        L.append(f"| `{var}` | {alist[0].channel.n_inputs} | {mi_s}{' (first stratum)' if len(alist) > 1 else ''} "
+                 f"| {tvd.get(var, float('nan')):.4f} |")
+    L += ["", "## Estimated true distributions", "",
+          "`estimates.csv` has every variable, stratum and category: the unbiased estimate (inversion), its standard "
+          "error and 95% interval, the projection onto the simplex and the maximum-likelihood estimate (EM).", ""]
+    for p in plots:
+        L.append(f"![{p}]({p})")
+    L += ["", "## Validation", ""]
+    gx = validation.get("gx", {})
+    st = gx.get("statistics", {})
+    L.append(f"- Great Expectations: {st.get('successful_expectations', '?')}/{st.get('evaluated_expectations', '?')} "
+             "expectations met (row count, schema, domains, no new missing values, ranges); details in `validation/`.")
+    stats = validation.get("statistical", [])
+    ok = sum(1 for s in stats if s.get("passed"))
+    L.append(f"- Channel consistency: {ok}/{len(stats)} checks passed at level {spec.validation.level:g} "
+             "(released counts vs the channel applied to the source; the statistics stay in the private store "
+             "because they use source counts).")
+    L += ["", "## Using this release", "",
+          "```python\nimport json, pandas as pd\nfrom pram_lib.channel import Channel\n"
+          "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
+          "data = pd.read_parquet('data.parquet')\n```", ""]
+    return "\n".join(L)
+
+
+# -- private (internal) report ------------------------------------------------------------------
+def risk_measures(frame: pd.DataFrame, keys: list[str]) -> dict:
+    """Sample uniques and k-anonymity of the key variables."""
+    if not keys:
+        return {"keys": [], "sample_uniques": None, "k_anonymity": None}
+    sizes = frame[keys].astype("object").fillna("<missing>").groupby(keys, observed=True, dropna=False).size()
+    return {"keys": keys, "sample_uniques": int((sizes == 1).sum()), "k_anonymity": int(sizes.min()),
+            "cells": int(len(sizes))}
+
+
+def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,
+                    source: pd.DataFrame, released: pd.DataFrame, validation: dict) -> tuple[str, dict]:
+    """Source-vs-estimate utility and disclosure risk; stays in the private store."""
+    from pram_lib.channels.pram import mutual_information
+
+    util = []
+    for var, g in overall.groupby("variable", sort=False):
+        vp = profile.variables[var]
+        total = sum(vp.counts.values())
+        p_true = total / total.sum()
+        cats = list(vp.categories)
+        g = g.set_index("category").reindex(cats)
+        est, proj = g["estimate"].to_numpy(), g["projected"].to_numpy()
+        cover = float(np.mean((g["lower"].to_numpy() <= p_true) & (p_true <= g["upper"].to_numpy())))
+        ch = next(a.channel for a in assignments if a.column == var)
+        if ch.is_keep_uniform:
+            mi = float(mutual_information(p_true, ch.keep))
+        else:
+            m = p_true @ ch.matrix
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t = p_true[:, None] * ch.matrix * np.log(ch.matrix / m[None, :])
+            mi = float(np.nansum(t))
+        released_share = g["released_share"].to_numpy()
+        util.append({"variable": var, "tvd_source_vs_estimate": 0.5 * float(np.abs(proj - p_true).sum()),
+                     "tvd_source_vs_unbiased": 0.5 * float(np.abs(est - p_true).sum()),
+                     "tvd_source_vs_released_raw": 0.5 * float(np.nansum(np.abs(released_share - p_true))),
+                     "mutual_information_true_p": mi, "interval_coverage": cover})
+    keys = [v.column for v in spec.variables] + [c for c in spec.passthrough
+                                                  if any(c in v.strata for v in spec.variables)]
+    risk = {"before": risk_measures(source, keys), "after": risk_measures(released, keys)}
+    L = [f"# INTERNAL report for `{spec.release}` (confidential: do not publish)", "",
+         "## Utility kept (source vs estimate)", "",
+         "| variable | TVD projected | TVD unbiased | TVD raw released | I(X;Z) at true p | 95% interval coverage |",
+         "|---|---|---|---|---|---|"]
+    for u in util:
+        L.append(f"| `{u['variable']}` | {u['tvd_source_vs_estimate']:.4f} | {u['tvd_source_vs_unbiased']:.4f} | "
+                 f"{u['tvd_source_vs_released_raw']:.4f} | {u['mutual_information_true_p']:.4g} | "
+                 f"{100 * u['interval_coverage']:.0f}% |")
+    L += ["", "## Disclosure risk of the key variables", "",
+          f"keys: {', '.join(keys)}", "", "| | sample uniques | k-anonymity | cells |", "|---|---|---|---|",
+          f"| source | {risk['before']['sample_uniques']} | {risk['before']['k_anonymity']} | {risk['before'].get('cells')} |",
+          f"| released | {risk['after']['sample_uniques']} | {risk['after']['k_anonymity']} | {risk['after'].get('cells')} |",
+          "", "After perturbation a released unique is not a true unique: each released value is a random draw "
+          "whose Bayes factor is bounded by γ.", "", "## Channel-consistency statistics", "",
+          "| variable | stratum | statistic | df | p-value | passed |", "|---|---|---|---|---|---|"]
+    for s in validation.get("statistical", []):
+        L.append(f"| `{s.get('variable')}` | {s.get('stratum')} | {s.get('statistic', float('nan')):.4g} | "
+                 f"{s.get('df')} | {s.get('p_value', float('nan')):.4g} | {s.get('passed')} |")
+    return "\n".join(L) + "\n", {"utility": util, "risk": risk}

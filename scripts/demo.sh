@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# make demo: start a local Prefect server (background, reused if up), run specs/adult.yaml, print the folder and UI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PORT="${PRAM_UI_PORT:-4200}"
+BIN=.venv/bin
+$BIN/pram-release ui --port "$PORT"
+export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
+export PREFECT_HOME="$PWD/.prefect-home"
+$BIN/pram-release run specs/adult.yaml
+echo "Prefect UI: http://127.0.0.1:${PORT}  (flow runs, report/table/link artifacts)"
+echo "stop the server with: $BIN/pram-release ui --stop"

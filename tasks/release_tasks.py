@@ -1,0 +1,149 @@
+"""Prefect tasks: thin wrappers around pram_lib.
+
+No task persists its result: inputs and outputs hold confidential source data, which must not be
+written to Prefect's result storage. So every task uses NO_CACHE and persist_result=False; only
+reading files retries (transient I/O).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from pram_lib import audit, publish, release
+from pram_lib.gate import run_gate
+from pram_lib.spec import ReleaseSpec, load_spec
+
+PRIVATE = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+@task(name="load-spec", retries=2, retry_delay_seconds=1, **PRIVATE)
+def load_spec_task(spec_path: str) -> ReleaseSpec:
+    return load_spec(spec_path)
+
+
+@task(name="read-source", retries=2, retry_delay_seconds=2, **PRIVATE)
+def read_source_task(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
+    df, digest = release.read_source(spec)
+    get_run_logger().info("read %d rows x %d columns", len(df), df.shape[1])
+    return df, digest
+
+
+@task(name="profile", **PRIVATE)
+def profile_task(df: pd.DataFrame, spec: ReleaseSpec) -> release.Profile:
+    return release.profile_source(df, spec)
+
+
+@task(name="draw-seed", **PRIVATE)
+def seed_task(spec: ReleaseSpec, run_id: str, seed: int | None) -> int:
+    """OS entropy unless the spec or caller fixes it; stored only in the private store (mode 0600)."""
+    source = "caller" if seed is not None else "spec" if spec.seed is not None else "os-entropy"
+    seed = seed if seed is not None else spec.seed if spec.seed is not None else secrets.randbits(128)
+    folder = spec.resolve(spec.private_store) / "seeds"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / f"{run_id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"run_id": run_id, "release": spec.release, "seed": str(seed), "source": source}, f)
+    return seed
+
+
+@task(name="choose-channels", **PRIVATE)
+def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: int) -> list[release.Assignment]:
+    out = release.choose_channels(spec, profile, seed)
+    for a in out:
+        get_run_logger().info("%s [%s]: %r", a.column, a.stratum_label, a.channel)
+    return out
+
+
+@task(name="perturb", **PRIVATE)
+def perturb_task(df, spec, profile, assignments, seed) -> pd.DataFrame:
+    return release.perturb_frame(df, spec, profile, assignments, seed)
+
+
+@task(name="estimate", **PRIVATE)
+def estimate_task(released, assignments, profile) -> pd.DataFrame:
+    return publish.with_totals(release.estimate_release(released, assignments, profile))
+
+
+@task(name="stage-release", **PRIVATE)
+def stage_task(spec: ReleaseSpec) -> publish.Stage:
+    return publish.begin_release(spec)
+
+
+@task(name="validate", **PRIVATE)
+def validate_task(spec, profile, assignments, released, stage: publish.Stage) -> dict:
+    out = stage.tmp / "validation"
+    out.mkdir(exist_ok=True)
+    result = run_gate(spec, profile, assignments, released, out)
+    create_table_artifact(key=f"{_key(spec)}-gx", table=result["gx"]["rows"],
+                          description="Great Expectations results for the released table")
+    return result
+
+
+@task(name="publish", **PRIVATE)
+def publish_task(spec, stage, released, assignments, estimates, validation, n_rows, started) -> Path:
+    publish.write_data(stage, released, spec.csv)
+    (stage.tmp / "channels.json").write_text(
+        json.dumps(publish.channels_document(spec, assignments), indent=2) + "\n")
+    estimates.to_csv(stage.tmp / "estimates.csv", index=False)
+    overall = estimates[estimates["stratum"] == "all"]
+    plots = publish.write_plots(stage, overall)
+    public_validation = {"gx": validation["gx"],
+                         "statistical": [{"variable": s["variable"], "stratum": s["stratum"], "passed": s["passed"]}
+                                         for s in validation["statistical"]]}
+    (stage.tmp / "validation" / "summary.json").write_text(json.dumps(public_validation, indent=2, default=str))
+    report = publish.render_report(spec, assignments, overall, validation, n_rows, list(released.columns),
+                                   started, plots)
+    (stage.tmp / "report.md").write_text(report)
+    folder = publish.finish_release(stage)
+    key = _key(spec)
+    create_markdown_artifact(key=f"{key}-report", markdown=report, description=f"Release report: {folder.name}")
+    tvd = release.expected_tvd(overall)
+    rows = []
+    for col, eps in release.spent_by_variable(assignments).items():
+        a = next(x for x in assignments if x.column == col)
+        rows.append({"variable": col, "channel": next(v.channel for v in spec.variables if v.column == col),
+                     "alpha": round(eps, 6), "gamma": round(float(__import__("math").exp(eps)), 6),
+                     "mutual_information": None if a.channel.objective != a.channel.objective
+                     else round(a.channel.objective, 6),
+                     "estimated_tvd": round(tvd.get(col, float("nan")), 6)})
+    create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
+    create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+    return folder
+
+
+@task(name="internal-report", **PRIVATE)
+def internal_report_task(spec, assignments, profile, estimates, source, released, validation, folder_name) -> Path:
+    overall = estimates[estimates["stratum"] == "all"]
+    text, data = publish.internal_report(spec, assignments, profile, overall, source, released, validation)
+    out = spec.resolve(spec.private_store) / "internal" / folder_name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "internal_report.md").write_text(text)
+    (out / "internal.json").write_text(json.dumps({**data, "validation": validation["statistical"]},
+                                                  indent=2, default=str))
+    return out
+
+
+@task(name="audit", **PRIVATE)
+def audit_task(spec_path: str, event: str, fields: dict) -> dict:
+    store = _private_store(spec_path)
+    return audit.AuditLog(store / "audit.jsonl").append(event, **fields)
+
+
+def _private_store(spec_path: str) -> Path:
+    try:
+        spec = load_spec(spec_path)
+        return spec.resolve(spec.private_store)
+    except Exception:  # a spec that does not load still gets its failure audited next to it
+        return Path(spec_path).resolve().parent / "private"
+
+
+def _key(spec: ReleaseSpec) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in spec.release.lower())
