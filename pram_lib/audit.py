@@ -21,7 +21,8 @@ def _canonical(entry: dict) -> bytes:
 
 
 class AuditLog:
-    """Append-only JSON lines; each entry holds the SHA-256 of the line before it (`prev`)."""
+    """Append-only JSON lines; each entry holds the SHA-256 of the line before it (`prev`) and of its own
+    content without `hash` (`hash`), so a change to any entry, the last one included, is detected."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -44,6 +45,7 @@ class AuditLog:
     def append(self, event: str, **fields: Any) -> dict:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"time": utc_now(), "event": event, **fields, "prev": self.last_hash()}
+        entry["hash"] = hashlib.sha256(_canonical(entry)).hexdigest()
         line = _canonical(entry)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -74,6 +76,9 @@ def verify_chain(path: str | Path) -> tuple[bool, str]:
             return False, f"{path}:{n}: chain broken: entry {n} does not hold the hash of entry {n - 1}"
         if _canonical(entry) != line:
             return False, f"{path}:{n}: entry {n} was re-written (not in canonical form)"
+        own = {k: v for k, v in entry.items() if k != "hash"}
+        if entry.get("hash") != hashlib.sha256(_canonical(own)).hexdigest():
+            return False, f"{path}:{n}: entry {n} was altered (its content hash does not match)"
         prev = hashlib.sha256(line).hexdigest()
     return True, f"{path}: chain intact"
 

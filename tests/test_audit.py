@@ -45,10 +45,12 @@ def test_first_bad_entry_is_named(tmp_path):
     lines = log.path.read_bytes().splitlines()
     entry = json.loads(lines[2])
     entry["note"] = "forged"
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    entry["hash"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     lines[2] = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
     log.path.write_bytes(b"\n".join(lines) + b"\n")
     ok, msg = verify_chain(log.path)
-    assert not ok and ":4:" in msg  # entry 3 re-hashed consistently, so entry 4's link breaks
+    assert not ok and ":4:" in msg  # entry 3 forged with a consistent own hash: entry 4's link breaks
     lines.pop(1)
     log.path.write_bytes(b"\n".join(lines) + b"\n")
     ok, msg = verify_chain(log.path)
