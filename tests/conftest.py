@@ -1,7 +1,73 @@
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
 
 # Hermetic Prefect settings; must be set before prefect is imported anywhere.
-os.environ.setdefault("PREFECT_HOME", os.path.join(os.path.dirname(__file__), ".prefect-test-home"))
+_HOME = Path(tempfile.mkdtemp(prefix="pram-prefect-home-"))
+os.environ.setdefault("PREFECT_HOME", str(_HOME))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One real local Prefect server (127.0.0.1, temp database) for every flow/deployment test.
+
+    Cheaper than the ephemeral per-process server and it works with workers and process runners.
+    """
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    home = Path(tempfile.mkdtemp(prefix="pram-prefect-server-"))
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": url}
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    t0 = time.time()
+    while not _healthy(url):
+        if proc.poll() is not None or time.time() - t0 > 180:
+            proc.kill()
+            raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    print(f"\n[prefect_server] healthy at {url} after {time.time() - t0:.1f}s")
+    old = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield {"url": url, "home": home, "env": env}
+    finally:
+        if old is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = old
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)

@@ -1,0 +1,149 @@
+"""The release flow end to end against a real local Prefect server (one per test session)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from pram_lib.audit import verify_chain, verify_manifest
+from pram_lib.channel import Channel
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+
+
+def demo_spec(tmp_path: Path, **edits) -> Path:
+    """specs/adult.yaml with its output and private store moved into tmp_path."""
+    spec = yaml.safe_load((ROOT / "specs" / "adult.yaml").read_text())
+    spec["source"]["path"] = str(ROOT / "data" / "adult.csv.gz")
+    spec["output"] = str(tmp_path / "releases")
+    spec["private_store"] = str(tmp_path / "private")
+    spec.update(edits)
+    p = tmp_path / "adult.yaml"
+    p.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return p
+
+
+@pytest.fixture(scope="module")
+def demo_release(prefect_server, tmp_path_factory):
+    from flows.release import release_flow
+
+    tmp = tmp_path_factory.mktemp("demo")
+    spec = demo_spec(tmp)
+    folder = Path(release_flow(str(spec)))
+    return {"folder": folder, "tmp": tmp, "spec": spec}
+
+
+def test_release_folder_has_every_artefact(demo_release):
+    folder = demo_release["folder"]
+    names = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    for required in ["data.parquet", "data.csv", "channels.json", "estimates.csv", "report.md", "manifest.json",
+                     "validation/gx_results.json", "validation/summary.json", "validation/data_docs/index.html"]:
+        assert required in names, sorted(names)
+    for var in ["marital_status", "race", "education", "occupation", "workclass", "income"]:
+        assert f"plots/{var}.png" in names
+    assert not list(folder.parent.glob(".*partial*")), "staging folder left behind"
+
+
+def test_manifest_and_audit_chain_verify(demo_release):
+    folder, tmp = demo_release["folder"], demo_release["tmp"]
+    assert verify_manifest(folder)[0]
+    log = tmp / "private" / "audit.jsonl"
+    ok, msg = verify_chain(log)
+    assert ok, msg
+    entries = [json.loads(x) for x in log.read_text().splitlines()]
+    last = entries[-1]
+    assert last["event"] == "release-published" and last["folder"] == folder.name
+    import hashlib
+    assert last["manifest_sha256"] == hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+    for key in ["spec_sha256", "source_sha256", "package_version", "git_commit", "channels", "started", "finished"]:
+        assert key in last
+
+
+def test_released_table_shape_and_channels(demo_release):
+    folder = demo_release["folder"]
+    src = pd.read_csv(ROOT / "data" / "adult.csv.gz")
+    rel = pd.read_parquet(folder / "data.parquet")
+    assert len(rel) == len(src) == 32561
+    assert list(rel.columns) == ["marital_status", "race", "education", "occupation", "workclass", "income", "sex"]
+    # missing values stay missing, row by row
+    for col in ["occupation", "workclass"]:
+        assert (rel[col].isna().to_numpy() == src[col].isna().to_numpy()).all()
+    assert (rel["sex"].astype(str).to_numpy() == src["sex"].astype(str).to_numpy()).all()
+    doc = json.loads((folder / "channels.json").read_text())
+    occ = [c for c in doc["channels"] if c["variables"] == ["occupation"]]
+    assert len(occ) == 2 and {c["stratum"] for c in occ} == {"sex=Female", "sex=Male"}
+    race = next(c for c in doc["channels"] if c["variables"] == ["race"])
+    assert race["gamma"] == pytest.approx(3.0, rel=1e-12)
+    income = next(c for c in doc["channels"] if c["variables"] == ["income"])
+    assert income["epsilon"] == pytest.approx(math.log(4), rel=1e-12)  # 0.8/0.2
+    # budget: sum over variables of the max over strata (+ DP prior)
+    expected = 1.0 + math.log(3) + (1.5 + 0.1) + 1.0 + 1.0 + math.log(4)
+    assert doc["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
+    ch = Channel.from_dict(race)
+    assert ch.epsilon == pytest.approx(math.log(3), rel=1e-12)
+
+
+def test_estimates_are_consistent_with_release(demo_release):
+    folder = demo_release["folder"]
+    est = pd.read_csv(folder / "estimates.csv")
+    rel = pd.read_parquet(folder / "data.parquet")
+    race = est[(est.variable == "race") & (est.stratum == "all")]
+    counts = rel["race"].value_counts()
+    for _, r in race.iterrows():
+        assert r.released_count == counts[r.category]
+    assert race["estimate"].sum() == pytest.approx(1.0, abs=1e-9)
+    assert (race["lower"] <= race["estimate"]).all() and (race["estimate"] <= race["upper"]).all()
+    # strata totals: occupation 'all' rows are the n-weighted sums of the stratum rows
+    occ = est[est.variable == "occupation"]
+    allrows = occ[occ.stratum == "all"].set_index("category")
+    strat = occ[occ.stratum != "all"]
+    w = strat.groupby("stratum")["n"].first()
+    combined = (strat.assign(x=strat.estimate * strat.stratum.map(w) / w.sum()).groupby("category")["x"].sum())
+    assert np.allclose(allrows.loc[combined.index, "estimate"], combined, atol=1e-12)
+
+
+def test_report_and_private_store(demo_release):
+    folder, tmp = demo_release["folder"], demo_release["tmp"]
+    report = (folder / "report.md").read_text()
+    assert "## Privacy" in report and "pass-through" in report and "depends on confidential data" in report
+    # h_gamma for race (γ=3): prior 10% -> 3*0.1/(1+2*0.1) = 25.0%
+    race_line = next(l for l in report.splitlines() if l.startswith("| `race`"))
+    assert "25.0%" in race_line and "2.9%" in race_line and "75.0%" in race_line
+    seeds = list((tmp / "private" / "seeds").glob("*.json"))
+    assert len(seeds) == 1 and (seeds[0].stat().st_mode & 0o777) == 0o600
+    seed = json.loads(seeds[0].read_text())["seed"]
+    for p in folder.rglob("*"):
+        if p.is_file() and p.suffix in {".json", ".md", ".csv", ".html"}:
+            text = p.read_text(errors="ignore")
+            assert seed not in text, p
+            assert str(ROOT / "data") not in text, p
+    internal = list((tmp / "private" / "internal").glob("*/internal_report.md"))
+    assert internal and "sample uniques" in internal[0].read_text()
+
+
+def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path, monkeypatch):
+    from flows.release import ValidationGateFailed, release_flow
+    from pram_lib import release
+
+    real = release.perturb_frame
+
+    def corrupt(*a, **k):
+        out = real(*a, **k)
+        return out.iloc[:-1]  # a row lost
+
+    monkeypatch.setattr(release, "perturb_frame", corrupt)
+    spec = demo_spec(tmp_path)
+    with pytest.raises(ValidationGateFailed, match="row"):
+        release_flow(str(spec))
+    out = tmp_path / "releases"
+    assert not out.exists() or not any(out.iterdir())
+    entries = [json.loads(x) for x in (tmp_path / "private" / "audit.jsonl").read_text().splitlines()]
+    assert entries[-1]["event"] == "release-failed" and "ValidationGateFailed" in entries[-1]["error"]
