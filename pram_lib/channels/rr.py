@@ -14,7 +14,6 @@ See ``shared/reference/chai_nayak.md`` for the maths (§-numbers below refer to 
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -62,7 +61,7 @@ def _tpm(M: Any, name: str = "M", atol: float = 1e-9) -> np.ndarray:
     bad = np.flatnonzero(np.abs(s - 1.0) > atol)
     if bad.size:
         raise ValueError(
-            f"{name} row {bad[0]} sums to {s[bad[0]]!r}, not 1: rows are true values and must sum to 1 "
+            f"{name} row {bad[0]} sums to {float(s[bad[0]])!r}, not 1: rows are true values and must sum to 1 "
             "(M[x, z] = P(Z=z | X=x)); a column-stochastic (paper) matrix must be transposed"
         )
     return a
@@ -185,9 +184,19 @@ def check_family(M: Any, gamma: float, family: Iterable[Any], *, upward_only: bo
 # ---------------------------------------------------------------------------------------------
 # breach boundaries and privacy demands (§3)
 # ---------------------------------------------------------------------------------------------
+def _gamma_pos(gamma: float) -> float:
+    g = float(gamma)
+    if not g > 0:
+        raise ValueError(f"gamma must be > 0, got {gamma!r}")
+    return g
+
+
 def h_gamma(p: Any, gamma: float) -> Any:
-    """Upper breach boundary h_(γ)(p) = γp / (1 + (γ-1)p) (3.5); h(0)=0, h(1)=1; γ = inf gives 1 on (0,1]."""
-    g = _gamma(gamma)
+    """Upper breach boundary h_(γ)(p) = γp / (1 + (γ-1)p) (3.5); h(0)=0, h(1)=1; γ = inf gives 1 on (0,1].
+
+    Any γ > 0 is accepted (h_(1/γ) = h~_(γ) is the lower boundary).
+    """
+    g = _gamma_pos(gamma)
     p = np.asarray(p, dtype=float)
     if np.isinf(g):
         out = np.where(p > 0, 1.0, 0.0)
@@ -197,8 +206,8 @@ def h_gamma(p: Any, gamma: float) -> Any:
 
 
 def h_tilde_gamma(p: Any, gamma: float) -> Any:
-    """Lower breach boundary h~_(γ)(p) = 1 - h_(γ)(1-p) = p / (p + γ(1-p))."""
-    g = _gamma(gamma)
+    """Lower breach boundary h~_(γ)(p) = 1 - h_(γ)(1-p) = p / (p + γ(1-p)); any γ > 0."""
+    g = _gamma_pos(gamma)
     p = np.asarray(p, dtype=float)
     if np.isinf(g):
         out = np.where(p < 1, 0.0, 1.0)
@@ -229,12 +238,14 @@ def B(h: Callable, *, n: int = 200_001, breakpoints: Sequence[float] = ()) -> fl
 
     ``h`` must accept numpy arrays. The infimum is often not attained (p→0, p→1, or just beside a
     discontinuity), so it is evaluated on a uniform grid of ``n`` points, log-spaced points towards 0
-    (down to 1e-12) and 1 (up to 1 - 1e-7, where 1 - h still has enough precision), and on both sides
-    of each given breakpoint (offsets 1e-3 ... 1e-12). The result is an upper estimate of B.
+    and 1 (down to 1e-7 and up to 1 - 1e-6: closer, rounding in 1 - p and 1 - h(p) costs more than the
+    grid gains), and on both sides of each given breakpoint (offsets 1e-3 ... 1e-12). The result is
+    an upper estimate of B up to rounding (relative error ~1e-9 for smooth h; a limit approached
+    at rate O(p) near 0 or 1, such as β-factor's, is overestimated by ~1e-7 relative).
     Points with h(p) = 1 contribute infinity.
     """
-    tail = np.logspace(-12, np.log10(0.5), 2001)
-    parts = [np.linspace(0.0, 1.0, n)[1:-1], tail, 1.0 - np.logspace(-7, np.log10(0.5), 2001)]
+    parts = [np.linspace(0.0, 1.0, n)[1:-1], np.logspace(-7, np.log10(0.5), 2001),
+             1.0 - np.logspace(-6, np.log10(0.5), 2001)]
     offs = np.logspace(-12, -3, 91)
     for b in breakpoints:
         parts += [b - offs, b + offs]
@@ -614,8 +625,10 @@ def dominate(M_A: Any, gamma: float, *, rtol: float = 1e-9) -> np.ndarray:
         weights = np.diff(np.concatenate([[0.0], levels]))
         for lev, c in zip(levels, weights):
             pieces.append(c * (t + (T - t) * (s >= lev)))
-    P = np.array(pieces)
-    return merge_proportional_outputs(P.T, rtol=rtol)[0]
+    out = merge_proportional_outputs(np.array(pieces).T, rtol=rtol)[0]
+    if not in_C0(out, g, rtol=1e-8):
+        raise RuntimeError("dominate: construction did not reach C0_gamma (numerical trouble)")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -694,12 +707,12 @@ def _validate_user_matrix(matrix: Any, categories: Sequence[Any] | None, output_
     bad = np.argwhere(a < 0)
     if bad.size:
         x, z = bad[0]
-        raise ValueError(f"variable {variable!r}: entry at {where(x, z)} is {a[x, z]!r} < 0; probabilities "
+        raise ValueError(f"variable {variable!r}: entry at {where(x, z)} is {float(a[x, z])!r} < 0; probabilities "
                          "must be >= 0")
     bad = np.argwhere(a > 1 + atol)
     if bad.size:
         x, z = bad[0]
-        raise ValueError(f"variable {variable!r}: entry at {where(x, z)} is {a[x, z]!r} > 1; entries are "
+        raise ValueError(f"variable {variable!r}: entry at {where(x, z)} is {float(a[x, z])!r} > 1; entries are "
                          "probabilities (percentages must be divided by 100)")
     s = a.sum(axis=1)
     off = np.flatnonzero(np.abs(s - 1.0) > atol)
@@ -709,7 +722,7 @@ def _validate_user_matrix(matrix: Any, categories: Sequence[Any] | None, output_
         if k == m and np.all(np.abs(a.sum(axis=0) - 1.0) <= atol):
             hint = ("the columns sum to 1, so this looks column-stochastic (P[z, x], the paper convention): "
                     "transpose it so that rows are true values")
-        raise ValueError(f"variable {variable!r}: row {x} (true {cats[x]!r}) sums to {s[x]!r}, not 1 "
+        raise ValueError(f"variable {variable!r}: row {x} (true {cats[x]!r}) sums to {float(s[x])!r}, not 1 "
                          f"(tolerance {atol:g}); {hint}")
     return a, cats, outs
 
@@ -788,7 +801,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
 
     Categories absent from the source (p_l = 0): the bound applies to present categories only.
     ``empty="never-released"`` (default): nothing is ever released as l (column l of R is 0), and row l
-    is the formula's row; the diagonal entry of l is then 1-α. ``empty="identity"``: row l = e_l
+    is the formula's row, not mixed with I (its diagonal entry is 0). ``empty="identity"``: row l = e_l
     (min_diagonal then holds literally, but column l makes ε infinite).
 
     R depends on the source distribution, and p is a stationary distribution of R (the unique one
@@ -808,7 +821,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
                                                               "give one label per entry of p")
     if not np.all(np.isfinite(t)) or np.any(t < 0):
         i = int(np.flatnonzero(~np.isfinite(t) | (t < 0))[0])
-        raise ValueError(f"variable {variable!r}: p[{i}] (category {cats[i]!r}) = {t[i]!r}; counts or "
+        raise ValueError(f"variable {variable!r}: p[{i}] (category {cats[i]!r}) = {float(t[i])!r}; counts or "
                          "frequencies must be finite and >= 0")
     if t.sum() <= 0:
         raise ValueError(f"variable {variable!r}: p sums to 0; an invariant matrix needs at least one observed value")
@@ -824,11 +837,14 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
     absent = ~present
 
     def finish(R: np.ndarray, w: float) -> np.ndarray:
-        R = w * R + (1.0 - w) * np.eye(k)
-        if empty == "identity" and absent.any():
-            R[absent] = 0.0
-            R[absent, np.flatnonzero(absent)] = 1.0
-        return R
+        out = w * R + (1.0 - w) * np.eye(k)
+        if absent.any():
+            if empty == "identity":
+                out[absent] = 0.0
+                out[absent, np.flatnonzero(absent)] = 1.0
+            else:  # no identity mixing: column l must stay 0 so that l is never released
+                out[absent] = R[absent]
+        return out
 
     def min_diag(R: np.ndarray) -> float:
         return float(np.diag(R)[present].min())
@@ -843,6 +859,14 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
         def final(th: float) -> np.ndarray:
             return finish(_invariant(_keep_uniform(th, k), pr), w)
 
+        def diag_min(th: float) -> float:
+            # min over present x of the final diagonal, O(k^2): R_xx = p_x Σ_z P_xz^2 / λ_z
+            P = _keep_uniform(th, k)[present]
+            lam = pr[present] @ P
+            inv = np.divide(1.0, lam, out=np.zeros_like(lam), where=lam > 0)
+            rxx = pr[present] * ((P * P) @ inv)
+            return float(np.min(w * rxx + 1.0 - w))
+
         if theta is not None:
             th = float(theta)
             if not lo <= th <= 1.0:
@@ -854,7 +878,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
                                  "let it be chosen")
         else:
             grid = np.linspace(lo, 1.0, 33)
-            g_val = np.array([min_diag(final(x)) for x in grid])
+            g_val = np.array([diag_min(x) for x in grid])
             monotone = bool(np.all(np.diff(g_val) >= -1e-12))
             feasible = g_val >= d - 1e-15
             if feasible[0] and (monotone or feasible.all()):
@@ -865,7 +889,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
                 a_, b_ = grid[j], grid[j + 1]
                 for _ in range(60):
                     mid = 0.5 * (a_ + b_)
-                    if min_diag(final(mid)) >= d:
+                    if diag_min(mid) >= d:
                         b_ = mid
                     else:
                         a_ = mid
@@ -873,7 +897,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
             info["theta_search"] = {"method": "bisection on theta in [1/k, 1]",
                                     "monotone_on_grid": monotone}
             R = final(th)
-        info["theta"] = th
+        info["theta"] = float(th)
         info["base"] = "keep w.p. theta, else uniform over the other k-1 categories"
     else:
         Pb = _tpm(base, "base")
@@ -889,7 +913,8 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
         w = min(w, cap)
         R = finish(R0, w)
         info["base"] = "user-supplied base matrix"
-    assert min_diag(R) >= d - 1e-12, "invariant PRAM: minimum diagonal not met"
+    if min_diag(R) < d - 1e-12:  # guard: never publish a matrix that misses the requested bound
+        raise RuntimeError(f"invariant PRAM: minimum diagonal {min_diag(R):.6g} < requested {d:.6g}")
     eps = float(np.log(parity(R)))
     details: dict[str, Any] = {
         "construction": "invariant PRAM (Gouweleeuw et al. 1998): R = alpha * P Q + (1 - alpha) I, "
