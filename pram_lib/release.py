@@ -288,13 +288,15 @@ def perturb_frame(df: pd.DataFrame, spec: ReleaseSpec, profile: Profile, assignm
 
 
 # -- estimate (from the release only) ----------------------------------------------------------------
-def released_counts(released: pd.DataFrame, a: Assignment, profile: Profile) -> np.ndarray:
-    vp = profile.variables[a.column]
+def released_counts(released: pd.DataFrame, a: Assignment, profile: Profile | None = None) -> np.ndarray:
+    """Released counts of a variable in a stratum, from the released table alone (strata pass through)."""
     codes = released[a.column].cat.codes.to_numpy()
     if a.strata_columns:
-        # The stratum columns are released unchanged, so this uses public data only.
-        j = vp.strata.index(a.stratum)
-        codes = codes[vp.stratum_index == j]
+        keep = np.ones(len(released), dtype=bool)
+        for col, value in zip(a.strata_columns, a.stratum):
+            values = released[col]
+            keep &= values.isna().to_numpy() if value is None else (values.astype("object") == value).to_numpy()
+        codes = codes[keep]
     codes = codes[codes >= 0]
     return np.bincount(codes, minlength=a.channel.n_outputs).astype(float)
 
