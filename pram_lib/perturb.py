@@ -45,6 +45,12 @@ def _as_codes(codes: np.ndarray) -> np.ndarray:
     return codes
 
 
+def _check_range(x: np.ndarray, k: int) -> None:
+    # codes index lookup tables whose entry -1 is MISSING: anything outside [-1, k-1] would silently wrap
+    if x.min() < MISSING or x.max() >= k:
+        raise ValueError(f"codes must lie in [-1, {k - 1}] (MISSING = -1)")
+
+
 # --------------------------------------------------------------------------------------------
 # family (8): keep x w.p. q_x, else uniform over the other S-1 categories
 # --------------------------------------------------------------------------------------------
@@ -99,6 +105,7 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
         w = hi - lo
         uu, tt, xx, kk, ww = u[:w], t[:w], x[:w], k[:w], wrap[:w]
         np.copyto(xx, flat_in[lo:hi], casting="unsafe")
+        _check_range(xx, s)
         rng.random(out=uu)
         np.take(thr, xx, out=tt)
         np.subtract(uu, tt, out=uu)  # exact sign: u - q < 0 iff u < q
@@ -231,6 +238,7 @@ def sample_dense(codes: np.ndarray, matrix: np.ndarray, rng: np.random.Generator
         np.subtract(vv, ff, out=vv)  # fractional part in [0, 1]
         np.copyto(jj, ff, casting="unsafe")
         np.copyto(xx, flat_in[lo:hi], casting="unsafe")
+        _check_range(xx, k)
         xx *= m
         xx += jj  # flat index; -m + j for MISSING
         np.take(pf, xx, out=ff)

@@ -1,0 +1,672 @@
+"""Estimating the true distribution p of a variable from the counts of its released (perturbed) values.
+
+Model (pram_dp.md §6.2, chai_nayak.md §7): the released counts N ~ Mult(n, m(p)) with m(p) = M^T p, where
+M[x, z] = P(Z = z | X = x) is the channel's k×m matrix; m̂ = N / n.
+
+* ``inversion``: the moment estimator p̂ = M^{-T} m̂ (square M), or p̂ = L m̂ with L = (M M^T)^{-1} M =
+  pinv(M^T) the least-squares left inverse (m > k, full column rank; chai_nayak.md §7 "our extension").
+  Unbiased; sums to 1 for square M (1^T M^T = 1^T), not necessarily for m > k; may be negative.
+* ``cov`` = G (diag m̂ − m̂ m̂^T) G^T / n with G = M^{-T} (or L): the plug-in estimate of Cov(p̂) at m̂
+  (divisor n, as in both references; the unbiased variant would use n − 1).
+* ``se``, ``lower``/``upper``: normal (Wald) intervals p̂ ± z_{(1+level)/2} se, not clipped.
+* ``projected``: Euclidean projection of p̂ onto the simplex (sort-based, O(S log S)). Not the MLE.
+* ``mle``: the maximiser of the multinomial log-likelihood Σ_z N_z log (M^T p)_z over the simplex. For a
+  square channel whose inversion is strictly inside the simplex this *is* the inversion (it reproduces m̂
+  exactly, the saturated maximum), and it is returned as such (``mle_method = "inversion"``,
+  ``em_iterations = 0``). Otherwise EM / iterative Bayesian update
+  p_x ← Σ_z m̂_z p_x M_xz / Σ_x' p_x' M_x'z from the uniform start (SQUAREM-accelerated, see
+  :func:`em_mle`; fixed points and monotonicity are those of plain EM), for at most EM_BEFORE_NEWTON = 50
+  map evaluations, then an active-set Newton polish (:func:`_newton_polish`; O(S) per step for family (8),
+  a k×k Hessian for dense channels with k <= NEWTON_MAX_K = 500) that stops only when the KKT conditions
+  of the simplex MLE hold (residual <= 1e-10, or <= 1e-7 at the rounding floor of an ill-conditioned
+  channel; ``mle_method = "em+newton"``). If the polish fails, or for dense
+  channels with k > 500, EM runs on to ``em_tol`` / ``em_max_iter`` (``mle_method = "em"``;
+  ``em_converged`` says whether it got there). Why the polish: plain EM converges at rate 1 − O(d) for a
+  family-(8) channel (d ≈ (e^α − 1)/(e^α + S − 1)), e.g. it had not converged after 10^5 iterations for
+  k-RR with S = 1000, α = 1, where the polish certifies the optimum in a few ms (benchmarks/bench_estimate).
+  The returned MLE has exact zeros on its boundary.
+
+Family (8) channels (``keep`` = q) are never densified: with d = (S q − 1)/(S − 1), r = (1 − q)/(S − 1),
+M = diag(d) + r 1^T; M^T p = d∘p + (r·p) 1 and M u = d∘u + r (1^T u) are O(S), and so are the inversion,
+the variances and the ∞-norm condition number (formulas in :class:`_KeepUniform`). For S > 2000 the full
+S×S covariance is not formed: ``cov`` is None and ``se`` comes from the O(S) diagonal.
+
+Non-identifiability (pram_dp.md §6.2, T18; chai_nayak.md §7): if M has rank < k (e.g. fewer outputs than
+inputs, two identical rows, or a family-(8) channel at a singular α such as S = 10, α = log(5/3) with six
+coordinates at v_α and four at v_−α) or its condition number exceeds ``max_condition`` (default 1e12), p
+cannot be recovered from the release and :class:`NonIdentifiableError` is raised, for the whole estimate
+(no EM fallback: the likelihood is then flat along a direction of the simplex and any "MLE" would be an
+arbitrary point of a ridge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.linalg import null_space, solve_triangular
+from scipy.stats import norm
+
+DENSE_COV_MAX_S = 2000  # family (8): above this S no S×S covariance is built
+DEFAULT_MAX_CONDITION = 1e12
+
+
+class NonIdentifiableError(ValueError):
+    """The channel matrix is (numerically) singular: the true distribution cannot be estimated."""
+
+
+@dataclass(frozen=True, eq=False)
+class Estimate:
+    """Estimate of a variable's true distribution from its released counts (see module docstring)."""
+
+    categories: tuple[Any, ...]
+    n: float
+    inversion: np.ndarray
+    cov: np.ndarray | None
+    se: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    projected: np.ndarray
+    mle: np.ndarray
+    em_iterations: int
+    level: float = 0.95
+    newton_iterations: int = 0
+    em_converged: bool = True
+    mle_method: str = "em"
+    condition_number: float = float("nan")
+    variable: str = ""
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per true category: inversion, se, lower/upper (at ``level``, also in ``attrs``), projected, mle."""
+        df = pd.DataFrame(
+            {
+                "inversion": self.inversion,
+                "se": self.se,
+                "lower": self.lower,
+                "upper": self.upper,
+                "projected": self.projected,
+                "mle": self.mle,
+            },
+            index=pd.Index(list(self.categories), name=self.variable or "category"),
+        )
+        df.attrs.update(n=self.n, level=self.level, mle_method=self.mle_method,
+                        em_iterations=self.em_iterations, newton_iterations=self.newton_iterations,
+                        em_converged=self.em_converged, condition_number=self.condition_number)
+        return df
+
+
+# ------------------------------------------------------------------------------------------------
+# simplex projection
+# ------------------------------------------------------------------------------------------------
+def project_to_simplex(v: Sequence[float]) -> np.ndarray:
+    """Euclidean projection onto {p >= 0, Σp = 1}: sort, find the threshold θ, p = max(v − θ, 0). O(S log S)."""
+    v = np.asarray(v, dtype=float)
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    j = np.arange(1, v.size + 1)
+    rho = np.nonzero(u - css / j > 0)[0][-1]  # always exists: j = 1 gives u_1 - (u_1 - 1) = 1 > 0
+    theta = css[rho] / (rho + 1)
+    return np.maximum(v - theta, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# channel operators
+# ------------------------------------------------------------------------------------------------
+def _label(channel) -> str:
+    return ",".join(map(str, channel.variables)) or "?"
+
+
+def _advice() -> str:
+    return ("Choose a different α (or keep-probability pattern) for this variable, or use the k-RR channel "
+            "(all q_k = e^α/(e^α+S−1)), which is invertible for every α > 0.")
+
+
+class _KeepUniform:
+    """Family (8) in O(S): M = diag(d) + r 1^T, rows sum to 1 so r = (1 − d)/S.
+
+    Inversion with a pivot k = argmin |d_k| (stable also when one d_k = 0, i.e. q_k = 1/S, where M is still
+    invertible): M^T p = m reads d_j p_j + c = m_j with c = r·p, and 1^T p = 1^T m = T. Eliminating p_k,
+        c = g·m,  g_k = (1 − d_k)/δ,  g_j = d_k (1/d_j − 1)/δ  (j ≠ k),  δ = 1 + d_k Σ_{j≠k} 1/d_j,
+        p_j = (m_j − c)/d_j (j ≠ k),  p_k = T − Σ_{j≠k} p_j.
+    Without pivoting (all d_k ≠ 0) this is pram_dp.md's c = Σ r_k m_k/d_k / (1 + Σ r_k/d_k); δ = d_k S γ
+    with γ = 1 + Σ r/d = Σ(1/d)/S, so det M = Π d · Σ(1/d) / S and M is singular iff δ = 0 (or two d's are 0).
+
+    So G = M^{-T} = diag(h) − h g^T + e_k w^T with h_j = 1/d_j (h_k = 0), w = 1 − h + A g, A = Σ_j h_j
+    (Sherman–Morrison in disguise). Then with W = Σ m_i g_i^2:
+        n Var(p̂_j) = h_j^2 (m_j (1 − 2 g_j) + W) − p̂_j^2      (j ≠ k)
+        n Var(p̂_k) = Σ_i m_i w_i^2 − p̂_k^2.
+    ||M||_∞ = 1 and ||M^{-1}||_∞ = ||G||_1 (max column sum of |G|), also O(S).
+    """
+
+    def __init__(self, keep: np.ndarray):
+        q = np.asarray(keep, dtype=float)
+        s = q.size
+        self.s = s
+        self.d = (s * q - 1.0) / (s - 1)
+        self.r = (1.0 - q) / (s - 1)
+        self.k = int(np.argmin(np.abs(self.d)))
+        self.n_zero = int(np.sum(self.d == 0.0))
+
+    # M^T p and M u
+    def mt(self, p: np.ndarray) -> np.ndarray:
+        return self.d * p + float(self.r @ p)
+
+    def mu(self, u: np.ndarray) -> np.ndarray:
+        return self.d * u + self.r * float(u.sum())
+
+    def grad(self, mhat: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return _grad(self, mhat, p)
+
+    def newton_direction(self, mhat, p, idx, g):
+        """Newton step on the support idx in O(|idx|).
+
+        On A, H_AA = Λ + U C U^T with Λ = diag(d² w), w = m̂/μ², U = [d∘w, r], C = [[0, 1], [1, Σw]]
+        (from M = diag(d) + r 1^T). With B = [U, 1], η = (C U^T Δ, ν), E = blockdiag(C^{-1}, 0) the
+        bordered system becomes ΛΔ + Bη = g, B^T Δ = Eη. Where Λ_x > 0 (set P), Δ_x = (g_x − B_x η)/Λ_x;
+        where Λ_x = 0 (set Z: unobserved output or d_x = 0) the rows read B_x η = g_x, and Δ_Z only enters
+        through σ = B_Z^T Δ_Z. So (η, σ) solve the small system K η − σ = B_P^T Λ_P^{-1} g_P, B_Z η = g_Z,
+        σ ⊥ null(B_Z), with K = B_P^T Λ_P^{-1} B_P + E; then Δ_Z is the minimum-norm solution of
+        B_Z^T Δ_Z = σ.
+        """
+        live = mhat > 0
+        mu = self.mt(p)
+        w = np.zeros_like(mhat)
+        w[live] = mhat[live] / mu[live] ** 2
+        sw = float(w.sum())
+        d, r = self.d[idx], self.r[idx]
+        wa = w[idx]
+        lam = d * d * wa
+        B = np.column_stack([d * wa, r, np.ones(idx.size)])
+        E = np.array([[-sw, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        top = lam.max() if lam.size else 0.0
+        P = lam > 1e-12 * top if top > 0 else np.zeros(idx.size, dtype=bool)
+        Z = ~P
+        gA = g[idx]
+        BP, li = B[P], 1.0 / lam[P]
+        K = BP.T @ (BP * li[:, None]) + E
+        rhs = BP.T @ (gA[P] * li)
+        delta = np.zeros(idx.size)
+        if not Z.any():
+            eta = np.linalg.lstsq(K, rhs, rcond=None)[0]
+        else:
+            BZ = B[Z]
+            u, sv, vt = np.linalg.svd(BZ, full_matrices=False)
+            rank = int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
+            null = null_space(vt[:rank]).T if rank else np.eye(3)  # basis of null(B_Z) in R^3
+            rows = [np.hstack([K, -np.eye(3)]), np.hstack([BZ, np.zeros((BZ.shape[0], 3))])]
+            if null.shape[0]:
+                rows.append(np.hstack([np.zeros((null.shape[0], 3)), null]))
+            big = np.vstack(rows)
+            b = np.concatenate([rhs, gA[Z], np.zeros(null.shape[0])])
+            sol = np.linalg.lstsq(big, b, rcond=None)[0]
+            eta, sigma = sol[:3], sol[3:]
+            # minimum-norm Δ_Z with B_Z^T Δ_Z = σ
+            delta[Z] = u[:, :rank] @ ((vt[:rank] @ sigma) / sv[:rank])
+        delta[P] = li * (gA[P] - BP @ eta)
+        return delta
+
+    def _parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        d, k = self.d, self.k
+        h = np.zeros(self.s)
+        mask = np.ones(self.s, dtype=bool)
+        mask[k] = False
+        with np.errstate(divide="ignore"):
+            h[mask] = 1.0 / d[mask]
+        a = float(h.sum())
+        delta = 1.0 + d[k] * a
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = d[k] * (h - 1.0) / delta
+            g[k] = (1.0 - d[k]) / delta
+        w = 1.0 - h + a * g
+        return h, g, w
+
+    def condition(self) -> float:
+        if self.n_zero >= 2 or self.s < 2:
+            return float("inf")
+        h, g, w = self._parts()
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
+            return float("inf")
+        habs = np.abs(h).sum()
+        col = np.abs(g) * (habs - np.abs(h)) + np.abs(h) * np.abs(1.0 - g) + np.abs(w)
+        col[self.k] = abs(g[self.k]) * habs + abs(w[self.k])
+        return float(np.max(col))  # ||M||_inf = 1
+
+    def why_singular(self) -> str:
+        if self.n_zero >= 2:
+            return (f"{self.n_zero} categories have keep probability exactly 1/S, so their rows of M are "
+                    f"identical (uniform) and rank M <= {self.s - self.n_zero + 1} < {self.s}")
+        return (f"det M = Π d_k · Σ_k (1/d_k) / S with d_k = (S q_k − 1)/(S − 1), and "
+                f"Σ 1/d_k = {float(np.sum(1.0 / self.d)):.3g} ≈ 0 relative to Σ |1/d_k| = "
+                f"{float(np.sum(np.abs(1.0 / self.d))):.3g}")
+
+    def invert(self, m: np.ndarray) -> np.ndarray:
+        h, g, _ = self._parts()
+        c = float(g @ m)
+        p = h * (m - c)
+        p[self.k] = 0.0
+        p[self.k] = float(m.sum()) - float(p.sum())
+        return p
+
+    def var_diag(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
+        h, g, w = self._parts()
+        big_w = float(m @ (g * g))
+        v = h * h * (m * (1.0 - 2.0 * g) + big_w)
+        v[self.k] = float(m @ (w * w))
+        return v - p * p
+
+    def cov(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """n Cov = G diag(m) G^T − p p^T in O(S^2), from G = H + e_k w^T, H = diag(h) − h g^T."""
+        h, g, w = self._parts()
+        k = self.k
+        big_w = float(m @ (g * g))
+        hmg = h * m * g
+        out = np.diag(h * h * m) - np.outer(hmg, h) - np.outer(h, hmg) + big_w * np.outer(h, h)
+        hdw = h * m * w - h * float(g @ (m * w))  # H diag(m) w
+        out[:, k] += hdw
+        out[k, :] += hdw
+        out[k, k] += float(m @ (w * w))
+        out -= np.outer(p, p)
+        return out
+
+
+class _Dense:
+    """General k×m matrix: SVD for rank/condition, inverse (square) or pseudo-inverse (m > k)."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.M = np.asarray(matrix, dtype=float)
+        self.kin, self.kout = self.M.shape
+        self._g = None
+
+    def mt(self, p: np.ndarray) -> np.ndarray:
+        return p @ self.M
+
+    def mu(self, u: np.ndarray) -> np.ndarray:
+        return self.M @ u
+
+    def condition(self) -> float:
+        if self.kout < self.kin:
+            return float("inf")
+        sv = np.linalg.svd(self.M, compute_uv=False)
+        self.rank = int(np.sum(sv > sv[0] * max(self.M.shape) * np.finfo(float).eps))
+        return float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
+
+    def why_singular(self) -> str:
+        if self.kout < self.kin:
+            return (f"it has only {self.kout} output categories for {self.kin} true ones, so M^T "
+                    "cannot have full column rank")
+        rank = getattr(self, "rank", None)
+        return f"rank M = {rank} < {self.kin} (numerical rank, SVD)"
+
+    def grad(self, mhat: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return _grad(self, mhat, p)
+
+    def newton_direction(self, mhat, p, idx, g):
+        """Δ on the support idx from the dense bordered system (LU; lstsq if H is singular)."""
+        live = mhat > 0
+        Ml = self.M[np.ix_(idx, np.nonzero(live)[0])]
+        mu = self.mt(p)[live]
+        na = idx.size
+        K = np.zeros((na + 1, na + 1))
+        K[:na, :na] = (Ml * (mhat[live] / mu**2)) @ Ml.T
+        K[:na, na] = K[na, :na] = 1.0
+        rhs = np.concatenate([g[idx], [0.0]])
+        try:
+            sol = np.linalg.solve(K, rhs)
+            if not np.all(np.isfinite(sol)) or np.abs(K @ sol - rhs).max() > 1e-8 * (1 + np.abs(rhs).max()):
+                raise np.linalg.LinAlgError
+        except np.linalg.LinAlgError:
+            sol = np.linalg.lstsq(K, rhs, rcond=None)[0]
+        return sol[:na]
+
+    def G(self) -> np.ndarray:
+        """M^{-T} (square) or the least-squares left inverse L = (M M^T)^{-1} M of M^T, via QR: M^T = QR,
+        L = R^{-1} Q^T (same as pinv(M^T) at full column rank, without an SVD)."""
+        if self._g is None:
+            mt = self.M.T
+            if self.kin == self.kout:
+                self._g = np.linalg.inv(mt)
+            else:
+                qm, rm = np.linalg.qr(mt)
+                self._g = solve_triangular(rm, qm.T)
+        return self._g
+
+    def invert(self, m: np.ndarray) -> np.ndarray:
+        if self.kin == self.kout:
+            return np.linalg.solve(self.M.T, m)
+        return self.G() @ m
+
+    def var_diag(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
+        g = self.G()
+        return (g * g) @ m - p * p
+
+    def cov(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
+        g = self.G()
+        return (g * m) @ g.T - np.outer(p, p)
+
+
+def _ops(channel):
+    if channel.keep is not None:
+        if channel.n_inputs < 2:
+            raise NonIdentifiableError(f"variable {_label(channel)!r}: a channel needs at least 2 categories")
+        return _KeepUniform(channel.keep)
+    return _Dense(channel.dense)
+
+
+# ------------------------------------------------------------------------------------------------
+# counts
+# ------------------------------------------------------------------------------------------------
+def _counts(channel, counts) -> np.ndarray:
+    name = _label(channel)
+    outs = list(channel.output_categories)
+    if isinstance(counts, (pd.Series, Mapping)):
+        items = dict(counts.items())
+        unknown = [key for key in items if key not in set(outs)]
+        if unknown:
+            raise ValueError(f"variable {name!r}: counts given for categories {unknown[:10]} that the channel "
+                             f"does not release (its output categories are {outs[:20]})")
+        c = np.array([items.get(o, 0) for o in outs], dtype=float)
+    else:
+        c = np.asarray(counts, dtype=float)
+    if c.ndim != 1 or c.size != len(outs):
+        raise ValueError(f"variable {name!r}: counts must be a 1-D vector of length {len(outs)} (one per output "
+                         f"category), got shape {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise ValueError(f"variable {name!r}: counts must be finite")
+    if np.any(c < 0):
+        raise ValueError(f"variable {name!r}: counts must be non-negative (got {c[c < 0][:5].tolist()})")
+    if not c.sum() > 0:
+        raise ValueError(f"variable {name!r}: no released values (total count 0); nothing to estimate")
+    return c
+
+
+def _check_support(channel, ops, mhat) -> None:
+    colmass = ops.mt(np.ones(channel.n_inputs))
+    bad = (mhat > 0) & (colmass <= 0)
+    if np.any(bad):
+        cats = [channel.output_categories[i] for i in np.nonzero(bad)[0][:10]]
+        raise ValueError(f"variable {_label(channel)!r}: counts observed for output categories {cats} that the "
+                         "channel can never produce (zero column of M); counts and channel do not match")
+
+
+# ------------------------------------------------------------------------------------------------
+# EM
+# ------------------------------------------------------------------------------------------------
+def log_likelihood(channel, counts, p) -> float:
+    """Multinomial log-likelihood Σ_z N_z log (M^T p)_z (up to the constant), with 0 log 0 = 0."""
+    ops = _ops(channel)
+    c = _counts(channel, counts)
+    return _loglik(ops, c / c.sum(), np.asarray(p, dtype=float)) * c.sum()
+
+
+def _loglik(ops, mhat, p) -> float:
+    mp = ops.mt(p)
+    live = mhat > 0
+    with np.errstate(divide="ignore"):
+        return float(mhat[live] @ np.log(mp[live]))
+
+
+def em_mle(channel, counts, *, tol: float = 1e-12, max_iter: int = 100000, start=None,
+           accelerate: bool = True) -> tuple[np.ndarray, int, bool]:
+    """Simplex-constrained MLE by EM (iterative Bayesian update), from the uniform start unless ``start``.
+
+    The EM map F(p)_x = p_x Σ_z M_xz m̂_z / (M^T p)_z costs one M^T p and one M u product (O(S) for family
+    (8)). With ``accelerate`` the iterations are SQUAREM (Varadhan & Roland 2008, scheme S3): from p0, p1 =
+    F(p0), p2 = F(p1), r = p1 − p0, v = p2 − 2 p1 + p0, step a = min(|r|/|v|, a_max), p' = p0 + 2ar + a²v
+    projected on the orthant (negative components set to 0: they leave the support), then one more F; p' is
+    kept only if its likelihood is at least that of p0, else p2 (two plain EM steps) is taken, so the
+    likelihood never decreases; a_max starts at 1 and is multiplied by 4 after a successful capped step and
+    divided by 4 after a failed one (the step-length control of the R package SQUAREM). Its fixed
+    points are EM's. Stops when max_x |F(p) − p|_x < tol and, with acceleration, every component
+    satisfies the KKT condition Σ_z M_xz m̂_z / (M^T p)_z ≤ 1 + 1e-9 (a component an extrapolation sent to
+    or near 0 may otherwise look converged; where it fails, a little mass is put back and EM goes on).
+    Plain EM (``accelerate=False``) never reaches 0 from a positive start.
+    The error in p at the stop is about tol / (1 − ρ), ρ the EM contraction rate (close to 1 for nearly
+    uniform channels). Returns (p, number of F evaluations, converged).
+    """
+    ops = _ops(channel)
+    c = _counts(channel, counts)
+    mhat = c / c.sum()
+    _check_support(channel, ops, mhat)
+    k = channel.n_inputs
+    p = np.full(k, 1.0 / k) if start is None else np.asarray(start, dtype=float).copy()
+    return _em(ops, mhat, p, tol, max_iter, accelerate)
+
+
+def _grad(ops, mhat, p):
+    """g_x = ∂ℓ/∂p_x = Σ_z M_xz m̂_z / (M^T p)_z; the simplex MLE has g <= 1, with g = 1 on its support."""
+    live = mhat > 0
+    mp = ops.mt(p)
+    ratio = np.zeros_like(mhat)
+    ratio[live] = mhat[live] / mp[live]
+    return ops.mu(ratio)
+
+
+def _em(ops, mhat, p, tol, max_iter, accelerate, kkt_tol=1e-9):
+    live = mhat > 0
+
+    def grad(p):
+        return _grad(ops, mhat, p)
+
+    def F(p):
+        out = p * grad(p)
+        return out / out.sum()
+
+    evals = 0
+    step_max = 1.0  # SQUAREM step-length cap: x4 after a successful capped step, /4 after a failed one
+    while evals < max_iter:
+        p1 = F(p)
+        evals += 1
+        res = p1 - p
+        if np.max(np.abs(res)) < tol:
+            if accelerate:
+                # a component that an extrapolation sent to (or near) 0 moves by less than tol per step
+                # even when it should grow: check the KKT condition g_x <= 1 everywhere; where it fails,
+                # put a little mass back (an ascent direction) and carry on
+                g = grad(p1)
+                evals += 1
+                bad = g > 1.0 + kkt_tol
+                if bad.any():
+                    t = 1e-3
+                    p = (1.0 - t) * p1
+                    p[bad] += t / bad.sum()
+                    continue
+            return p1, evals, True
+        if not accelerate:
+            p = p1
+            continue
+        p2 = F(p1)
+        evals += 1
+        v = p2 - p1 - res
+        sr, sv = np.linalg.norm(res), np.linalg.norm(v)
+        step = min(sr / sv, step_max) if sv > 0 else 1.0
+        if step <= 1.0:
+            p = p2
+            if step == step_max:
+                step_max *= 4.0
+            continue
+        # extrapolate; components pushed below 0 are set to 0 (they leave the support until the KKT check
+        # above says otherwise), then one EM step; keep it only if the likelihood did not go down
+        pn = np.maximum(p + 2.0 * step * res + step * step * v, 0.0)
+        pn /= pn.sum()
+        ok = not np.any(ops.mt(pn)[live] <= 0.0)
+        if ok:
+            pn = F(pn)
+            evals += 1
+            ok = _loglik(ops, mhat, pn) >= _loglik(ops, mhat, p)
+        if ok:
+            p = pn
+            if step == step_max:
+                step_max *= 4.0
+        else:
+            p = p2
+            if step == step_max:
+                step_max = max(1.0, step_max / 4.0)
+    return p, evals, False
+
+
+def _newton_polish(ops, mhat: np.ndarray, p: np.ndarray, *, max_iter: int = 200, kkt_tol: float = 1e-10,
+                   kkt_floor: float = 1e-7, eps: float = 1e-6) -> tuple[np.ndarray, int, bool]:
+    """Projected Newton for max ℓ(p) = Σ m̂_z log (M^T p)_z on the simplex, from a feasible p.
+
+    g = ∇ℓ = M (m̂/μ), μ = M^T p, always has Σ_x p_x g_x = 1, and the simplex MLE is characterised by the KKT
+    conditions g_x = 1 where p_x > 0 and g_x <= 1 where p_x = 0. Each iteration (in the spirit of Bertsekas'
+    projected Newton, 1982) takes as free set F the positive components and the zero ones with g_x > 1,
+    minus those with p_x <= ``eps`` that the step would push below 0 (fixed at 0, step recomputed), solves the
+    equality-constrained
+    Newton system [[H_FF, 1], [1^T, 0]] [Δ; ν] = [g_F; 0] with H = M diag(m̂/μ²) M^T (``ops.newton_direction``:
+    dense k×k for a general matrix, O(S) for family (8)), and searches along the projected arc
+    p(t) = max(p' + tΔ, 0) (renormalised; p' = p with the fixed components at 0), t = 1, 1/2, ..., with an
+    Armijo test against ℓ(p') (up to ℓ's rounding, 1e-13 relative); if that fails, along the feasible
+    segment t <= t_max (the first component to reach 0 leaves the support). Stops when the KKT residual
+    max(|g_x − 1| on the support, g_x − 1 off it) is <= ``kkt_tol``, or <= ``kkt_floor`` and no longer
+    improving (the rounding floor of g, ~ cond·eps, for ill-conditioned
+    channels). Returns (p, iterations, converged).
+    """
+    p = np.where(p > 1e-13, p, 0.0)
+    p /= p.sum()
+    best, stalled = np.inf, 0
+    for it in range(1, max_iter + 1):
+        g = ops.grad(mhat, p)
+        on = p > 0
+        kkt = max(float(np.max(np.abs(g[on] - 1.0))), float(np.max(g[~on] - 1.0, initial=0.0)))
+        if kkt <= kkt_tol:
+            return p, it, True
+        # rounding floor: g is only known to ~ cond(H)·eps; accept a KKT residual <= kkt_floor that no
+        # longer improves
+        stalled = stalled + 1 if kkt >= 0.5 * best else 0
+        best = min(best, kkt)
+        if kkt <= kkt_floor and stalled >= 5:
+            return p, it, True
+        # Free set: positive components and zero ones with g_x > 1. A component with p_x <= eps that the
+        # Newton step would take below 0 is fixed at 0 and the step recomputed (otherwise the projection
+        # would clip it for every step length worth trying and the projected step need not ascend).
+        free = on | (g > 1.0 + kkt_tol)
+        base = p.copy()
+        for _ in range(20):
+            idx = np.nonzero(free)[0]
+            delta = ops.newton_direction(mhat, p, idx, g)
+            if delta is None or not np.all(np.isfinite(delta)):
+                return p, it, kkt <= kkt_floor
+            pinned = (base[idx] <= eps) & (base[idx] + delta < 0)
+            if not pinned.any():
+                break
+            free[idx[pinned]] = False
+            base[idx[pinned]] = 0.0
+        base /= base.sum()
+        l0 = _loglik(ops, mhat, base)
+        noise = 1e-13 * max(1.0, abs(l0))  # ℓ is only known to rounding; near the optimum the Newton gain
+        # (~ (g − 1)²) falls below it, and the full step is then taken
+        accepted = False
+        t = 1.0
+        for _ in range(30):  # projected arc
+            q = np.zeros_like(p)
+            q[idx] = np.maximum(base[idx] + t * delta, 0.0)
+            q /= q.sum()
+            gain = max(float(g @ (q - base)), 0.0)
+            if _loglik(ops, mhat, q) >= l0 + 1e-4 * gain - noise:
+                accepted = True
+                break
+            t /= 2.0
+        if not accepted:  # feasible segment from base
+            slope = max(float(g[idx] @ delta), 0.0)
+            neg = delta < 0
+            ratios = -base[idx][neg] / delta[neg]
+            tmax = float(np.min(ratios)) if neg.any() else np.inf
+            t = min(1.0, tmax)
+            while t > 1e-14:
+                q = base.copy()
+                q[idx] += t * delta
+                q = np.maximum(q, 0.0)
+                if _loglik(ops, mhat, q) >= l0 + 1e-4 * t * slope - noise:
+                    accepted = True
+                    break
+                t /= 2.0
+            if not accepted:
+                return p, it, kkt <= kkt_floor
+            if t == tmax:
+                q[idx[neg][np.argmin(ratios)]] = 0.0
+            q /= q.sum()
+        p = q
+    return p, max_iter, False
+
+
+NEWTON_MAX_K = 500  # a dense channel's Newton polish builds a k×k Hessian (family (8) needs none)
+EM_BEFORE_NEWTON = 50  # EM evaluations (at most) before the Newton polish takes over
+
+
+def _mle(ops, mhat, p_inv, n_outputs, em_tol, em_max_iter):
+    """(mle, EM evaluations, Newton iterations, converged, method) as described in the module docstring."""
+    s = p_inv.size
+    if s == n_outputs and np.all(p_inv > 0):
+        return p_inv.copy(), 0, 0, True, "inversion"
+    start = np.full(s, 1.0 / s)
+    if isinstance(ops, _KeepUniform) or s <= NEWTON_MAX_K:
+        # a few SQUAREM-EM steps from the uniform start, then Newton on the support to machine precision
+        # (KKT-certified); if the polish fails, EM carries on to em_tol
+        p_em, iters, _ = _em(ops, mhat, start, max(em_tol, 1e-6), min(em_max_iter, EM_BEFORE_NEWTON), True)
+        mle, newton_iters, conv = _newton_polish(ops, mhat, p_em)
+        if conv:
+            return mle, iters, newton_iters, True, "em+newton"
+        mle, more, conv = _em(ops, mhat, p_em, em_tol, max(em_max_iter - iters, 1), True)
+        return mle, iters + more, newton_iters, conv, "em"
+    mle, iters, conv = _em(ops, mhat, start, em_tol, em_max_iter, True)
+    return mle, iters, 0, conv, "em"
+
+
+# ------------------------------------------------------------------------------------------------
+# main entry
+# ------------------------------------------------------------------------------------------------
+def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float = 1e-12,
+                          em_max_iter: int = 100000,
+                          max_condition: float = DEFAULT_MAX_CONDITION) -> Estimate:
+    """Estimate the true distribution of ``channel``'s variable from the counts of its released values.
+
+    ``counts``: one count per output category (array in ``channel.output_categories`` order, or a Series /
+    mapping keyed by output category; absent keys count 0). Raises ValueError for bad counts and
+    NonIdentifiableError if M is rank-deficient or its condition number exceeds ``max_condition``.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    name = _label(channel)
+    c = _counts(channel, counts)
+    n = float(c.sum())
+    mhat = c / n
+    ops = _ops(channel)
+    cond = ops.condition()
+    if not np.isfinite(cond) or cond > max_condition:
+        raise NonIdentifiableError(
+            f"variable {name!r}: the true distribution cannot be identified from the released data: the "
+            f"channel matrix M ({channel.n_inputs}×{channel.n_outputs}) is singular or numerically singular "
+            f"(condition number {cond:.3g} > {max_condition:.3g}); {ops.why_singular()}. {_advice()}")
+    _check_support(channel, ops, mhat)
+
+    p_inv = ops.invert(mhat)
+    s = channel.n_inputs
+    big = isinstance(ops, _KeepUniform) and s > DENSE_COV_MAX_S
+    if big:
+        cov = None
+        var = ops.var_diag(mhat, p_inv) / n
+    else:
+        cov = ops.cov(mhat, p_inv) / n
+        cov = (cov + cov.T) / 2.0
+        var = np.diag(cov).copy()
+    se = np.sqrt(np.maximum(var, 0.0))
+    z = float(norm.ppf(0.5 + level / 2.0))
+    projected = project_to_simplex(p_inv)
+
+    mle, iters, newton_iters, conv, how = _mle(ops, mhat, p_inv, channel.n_outputs, em_tol, em_max_iter)
+    for a in (p_inv, cov, se, projected, mle):
+        if a is not None:
+            a.setflags(write=False)
+    lower, upper = p_inv - z * se, p_inv + z * se
+    lower.setflags(write=False)
+    upper.setflags(write=False)
+    return Estimate(
+        categories=tuple(channel.categories), n=n, inversion=p_inv, cov=cov, se=se, lower=lower,
+        upper=upper, projected=projected, mle=mle, em_iterations=int(iters), level=level,
+        newton_iterations=int(newton_iters),
+        em_converged=bool(conv), mle_method=how, condition_number=cond, variable=name,
+    )
