@@ -3,6 +3,7 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+GAMMA_REPS ?= 100
 
 .PHONY: install test demo bench clean
 
@@ -24,6 +25,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_optimal_pram
 	$(BIN)/python -m benchmarks.bench_perturb
 	$(BIN)/python -m benchmarks.bench_estimate
+	$(BIN)/python -m benchmarks.bench_gamma
+	$(BIN)/python -m benchmarks.gamma_simulation --reps $(GAMMA_REPS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

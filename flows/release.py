@@ -10,7 +10,8 @@ from prefect import flow, get_run_logger
 
 from pram_lib import __version__, publish
 from pram_lib.audit import utc_now
-from tasks.release_tasks import (audit_task, choose_channels_task, estimate_task, internal_report_task,
+from tasks.release_tasks import (audit_task, choose_channels_task, distributions_task, estimate_task,
+                                 internal_report_task,
                                  load_spec_task, perturb_task, profile_task, publish_task, read_source_task,
                                  seed_task, stage_task, validate_task)
 
@@ -36,13 +37,16 @@ def release_flow(spec_path: str, seed: int | None = None) -> str:
         assignments = choose_channels_task(spec, profile, seed)
         released = perturb_task(source, spec, profile, assignments, seed)
         estimates = estimate_task(released, assignments, profile)
+        distributions = distributions_task(released, assignments, spec)
         stage = stage_task(spec)
         validation = validate_task(spec, profile, assignments, released, stage)
         record.update(validation_passed=validation["passed"], channels=_channel_summary(assignments))
         if not validation["passed"]:
             raise ValidationGateFailed(f"validation gate failed, nothing published: {validation['message']}")
-        folder = publish_task(spec, stage, released, assignments, estimates, validation, len(source), started)
-        internal_report_task(spec, assignments, profile, estimates, source, released, validation, folder.name)
+        folder = publish_task(spec, stage, released, assignments, estimates, distributions, validation,
+                              len(source), started)
+        internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
+                             folder.name)
         manifest_sha = publish.sha256_of(folder / "manifest.json")
         audit_task(spec_path, "release-published", {**record, "folder": folder.name, "manifest_sha256": manifest_sha,
                                                      "finished": utc_now()})
@@ -58,7 +62,8 @@ def release_flow(spec_path: str, seed: int | None = None) -> str:
 
 def _channel_summary(assignments) -> list[dict]:
     return [{"variable": a.column, "stratum": a.stratum_label, "method": a.channel.method,
-             "epsilon": a.channel.epsilon, "prior_epsilon": a.prior_epsilon} for a in assignments]
+             "epsilon": "not DP" if a.is_noise else a.channel.epsilon, "prior_epsilon": a.prior_epsilon}
+            for a in assignments]
 
 
 def _git_commit() -> str | None:

@@ -15,6 +15,9 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     """What the released table must look like, from the spec and the channels."""
     cols: dict[str, dict] = {}
     for v in spec.variables:
+        if v.is_noise:
+            cols[v.column] = _noise_column(v, profile, next(a.channel for a in assignments if a.column == v.column))
+            continue
         vp = profile.variables[v.column]
         outcats = next(a.channel.output_categories for a in assignments if a.column == v.column)
         cols[v.column] = {"kind": "categorical", "domain": [str(c) for c in outcats],
@@ -29,15 +32,36 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     return cols
 
 
+def _noise_column(v, profile: Profile, channel) -> dict:
+    """A noised column: numeric, same missing values; inside the public bounds widened by the noise's
+    1e-9/n tail quantile when bounds are declared, else merely finite."""
+    from pram_lib.release import to_release_scale
+
+    n = max(profile.n_rows, 1)
+    decl = {"kind": "numeric", "dtype": "float64", "max_missing": profile.numeric[v.column].missing,
+            "min": -np.finfo(float).max, "max": np.finfo(float).max}
+    if v.bounds is not None:
+        lo, hi = to_release_scale(np.asarray(v.bounds, dtype=float), v.transform)
+        tail = float(channel.noise.isf(1e-9 / n))
+        decl.update(min=float(lo) - tail, max=float(hi) + tail)
+    return decl
+
+
 def run_gate(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], released: pd.DataFrame,
              out_dir: Path | None) -> dict:
-    from pram_lib.validate import channel_consistency_test, gate_message, validate_table
+    from pram_lib.validate import channel_consistency_test, gate_message, noise_consistency_test, validate_table
 
     gx = validate_table(released, declared_columns(spec, profile, assignments), profile.n_rows, out_dir)
     stats = []
     if len(released) != profile.n_rows:  # GX reports the row count; counts per stratum would be meaningless
         assignments = []
     for a in assignments:
+        if a.is_noise:
+            res = noise_consistency_test(profile.numeric[a.column].values, released[a.column].to_numpy(dtype=float),
+                                         a.channel, level=spec.validation.level)
+            res.update(variable=a.column, stratum=a.stratum_label)
+            stats.append(res)
+            continue
         vp = profile.variables[a.column]
         src = vp.counts[a.stratum]
         rel = released_counts(released, a, profile)

@@ -74,6 +74,9 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
     spent = spent_by_variable(assignments)
     entries = []
     for a in assignments:
+        if a.is_noise:
+            entries.append(noise_entry(spec, a))
+            continue
         d = a.channel.to_dict()
         d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
                  stratum_key=[None if x is None else str(x) for x in a.stratum],
@@ -87,8 +90,33 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
         "epsilon_spent": sum(spent.values()),
         "epsilon_by_variable": spent,
         "composition": "sequential over variables, parallel over disjoint strata",
+        "not_differentially_private": [a.column for a in assignments if a.is_noise],
         "channels": entries,
     }
+
+
+PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
+
+
+def noise_entry(spec: ReleaseSpec, a: Assignment) -> dict:
+    """The published noise law. The chooser's diagnostics (σ̂ of the source, the constraint curve, shares
+    of point masses) are source statistics: they go to the internal report only."""
+    v = next(x for x in spec.variables if x.column == a.column)
+    d = a.channel.to_dict()
+    details = d.pop("details", {})
+    d["protection"] = {k: details[k] for k in PUBLIC_NOISE_DETAILS if k in details}
+    d["protection"].setdefault("Q", v.level.Q)
+    d["protection"].setdefault("delta", v.level.delta)
+    d["protection"]["measure"] = ("sup over a finite z-set of P(|X - Z| < Q*sd(X) | Z = z) <= delta, "
+                                  "computed on the source (Ghatak, Sengupta & Roy); NOT differential privacy")
+    d["theta_grid"] = details.get("curve", {}).get("theta")
+    d.update(variable=a.column, stratum="all", strata_columns=[], stratum_key=[], prior=a.prior, prior_epsilon=0.0,
+             scale=v.transform if v.transform != "none" else "identity",
+             released_value=("log1p(x) + Y" if v.transform == "log1p" else "x + Y") +
+             ", Y ~ two-sided Gamma(shape theta, scale eta): density |y|^(theta-1) exp(-|y|/eta) / "
+             "(2 Gamma(theta) eta^theta)",
+             point_masses=list(v.point_masses), missing="missing values stay missing")
+    return d
 
 
 def write_data(stage: Stage, released: pd.DataFrame, csv: bool) -> list[str]:
@@ -129,6 +157,8 @@ def aggregate_strata(estimates: pd.DataFrame) -> pd.DataFrame:
 
 def with_totals(estimates: pd.DataFrame) -> pd.DataFrame:
     """Rows per stratum plus, for every variable, its total over strata (stratum "all")."""
+    if estimates.empty:
+        return estimates
     return pd.concat([aggregate_strata(estimates), estimates[estimates["stratum"] != "all"]], ignore_index=True)
 
 
@@ -140,6 +170,8 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -
 
     (stage.tmp / "plots").mkdir(exist_ok=True)
     files = []
+    if overall.empty:
+        return files
     for var, g in overall.groupby("variable", sort=False):
         g = g.sort_values("estimate", ascending=False).head(max_categories)
         x = np.arange(len(g))
@@ -161,6 +193,46 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -
     return files
 
 
+def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame) -> list[str]:
+    """Per continuous variable: Ĝ with its bootstrap bands beside the released ECDF, and ĝ with its band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (stage.tmp / "plots").mkdir(exist_ok=True)
+    files = []
+    for var, g in curves.groupby("variable", sort=False):
+        x = g["x"].to_numpy()
+        scale = g["scale"].iloc[0]
+        label = var if scale == "identity" else f"{scale}({var})"
+        z = released[var].to_numpy(dtype=float)
+        z = np.sort(z[~np.isnan(z)])
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea", label="95% simultaneous band")
+        a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label="95% pointwise band")
+        a1.plot(x, g["cdf"], color="#1f4e8c", label="estimated true CDF (deconvolution)")
+        a1.plot(z, np.arange(1, z.size + 1) / z.size, color="#999999", lw=1, label="released values (ECDF)")
+        a1.set_xlim(x.min(), x.max())
+        a1.set_ylim(-0.02, 1.02)
+        a1.set_xlabel(label)
+        a1.set_title(f"{var}: distribution function")
+        a1.legend(fontsize=7, loc="lower right")
+        a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
+                label="released values (histogram)")
+        a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6", label="95% pointwise band")
+        a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
+        a2.set_xlabel(label)
+        a2.set_title(f"{var}: density")
+        a2.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"plots/{var}.png"
+        fig.savefig(stage.tmp / name, dpi=100, metadata={"Software": None})
+        plt.close(fig)
+        files.append(name)
+    return files
+
+
 def h_gamma(p: float, gamma: float) -> float:
     """Chai–Nayak: the largest posterior an intruder can reach from prior p under parity γ."""
     if math.isinf(gamma):
@@ -170,13 +242,15 @@ def h_gamma(p: float, gamma: float) -> float:
 
 def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame,
                   validation: dict, n_rows: int, released_columns: list[str], started: str,
-                  plots: list[str]) -> str:
+                  plots: list[str], numeric_summary: pd.DataFrame | None = None) -> str:
     spent = spent_by_variable(assignments)
     total = sum(spent.values())
-    tvd = expected_tvd(overall)
+    tvd = expected_tvd(overall) if not overall.empty else {}
     by_var: dict[str, list[Assignment]] = {}
     for a in assignments:
-        by_var.setdefault(a.column, []).append(a)
+        if not a.is_noise:
+            by_var.setdefault(a.column, []).append(a)
+    noise = [a for a in assignments if a.is_noise]
     L = [f"# Release `{spec.release}`", ""]
     if spec.description:
         L += [spec.description.strip(), ""]
@@ -208,11 +282,13 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
           "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
           "adds its ε0.", ""]
-    if any(a.prior.startswith("data") for a in assignments):
+    if any(a.prior.startswith("data") for a in assignments if not a.is_noise):
         L += ["**Note:** where the prior is `data`, the optimal matrix was chosen from the raw frequencies of the "
               "source. The published matrix therefore depends on confidential data; the ε above covers the "
               "released values, not what the choice of matrix reveals. Use `prior: uniform`, a public file or "
               "`prior: {dp: ε0}` for a release whose every output is covered.", ""]
+    if noise:
+        L += noise_report_section(spec, noise, numeric_summary)
     L += ["## Utility", "",
           "Mutual information I(X;Z) is the channel's objective under the prior it was chosen for. The expected "
           "TVD is ½·Σ se·√(2/π), the expected total-variation error of the estimate, computed from the release.", "",
@@ -225,6 +301,13 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
     L += ["", "## Estimated true distributions", "",
           "`estimates.csv` has every variable, stratum and category: the unbiased estimate (inversion), its standard "
           "error and 95% interval, the projection onto the simplex and the maximum-likelihood estimate (EM).", ""]
+    if noise:
+        L += ["`distributions.csv` has, for every continuous variable, the deconvolution estimate of the true "
+              "density ĝ and distribution function Ĝ on a grid (release scale `x` and original units `x_original`), "
+              "with 95% pointwise bootstrap bands and a 95% simultaneous band for Ĝ (bandwidth fixed at the AIMSE "
+              "value; the bands cover the estimator's variability, not its smoothing bias). "
+              "`numeric_summary.csv` has the estimated mean and variance of each true variable "
+              "(E X = E Z; Var X = Var Z − Var Y) with standard errors.", ""]
     for p in plots:
         L.append(f"![{p}]({p})")
     L += ["", "## Validation", ""]
@@ -244,6 +327,49 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
     return "\n".join(L)
 
 
+def noise_report_section(spec: ReleaseSpec, noise: list[Assignment], summary: pd.DataFrame | None) -> list[str]:
+    L = ["## Continuous variables: additive two-sided Gamma noise", "",
+         "Each continuous value is released as Z = X + Y, Y drawn independently from the published two-sided "
+         "Gamma law (shape ϑ, scale η; ϑ = 1 is Laplace noise). The noise was chosen so that, for every released "
+         "value z on a fine grid, the probability that the true value lies within Q·sd(X) of z is at most δ "
+         "(the Ghatak–Sengupta–Roy confidentiality measure, computed on the source); among the (ϑ, η) meeting "
+         "that level, the one with the smallest deconvolution variance was taken.", "",
+         "**What this does not give: differential privacy.** The measure is an average over the data, not a "
+         "worst case for one person; it is calibrated on the confidential values themselves (so η reflects their "
+         "spread), and it bounds only how closely a value can be pinned down, not whether a person with an "
+         "unusual value can be recognised. These variables spend no ε and are not in the budget above; treat "
+         "them as protected by noise, not by a formal privacy guarantee.", "",
+         "| variable | channel | ϑ | η | noise sd | protection | scale | point masses |", "|---|---|---|---|---|---|---|---|"]
+    for a in noise:
+        v = next(x for x in spec.variables if x.column == a.column)
+        ch = a.channel
+        pm = ", ".join(f"{p:g}" for p in v.point_masses) or "—"
+        prot = f"Q = {v.level.Q:g}, δ = {v.level.delta:g}" if v.eta is None else "fixed η (level not targeted)"
+        L.append(f"| `{a.column}` | {v.channel} | {ch.theta:.4g} | {ch.eta:.4g} | {math.sqrt(ch.variance):.4g} | "
+                 f"{prot} | {v.transform if v.transform != 'none' else 'as is'} | {pm} |")
+    for a in noise:
+        v = next(x for x in spec.variables if x.column == a.column)
+        if v.transform == "log1p":
+            L += ["", f"- `{a.column}` is released on the log scale: the column holds log(1 + x) + Y; "
+                  "back-transform estimates with exp(·) − 1 (`x_original` in `distributions.csv`)."]
+        if v.point_masses:
+            L += [f"- `{a.column}` has values held by many records ({', '.join(f'{p:g}' for p in v.point_masses)}). "
+                  "No additive noise can hide membership of such a point mass when it holds more than δ of the "
+                  "records, so the level was computed on the other records (the continuous part) and the noise was "
+                  "then added to every record, the point mass included. The noised values of those records still "
+                  "cluster around the point mass: treat whether a record sits on it as effectively disclosed."]
+        if v.resolution:
+            L += [f"- `{a.column}` is recorded in steps of {v.resolution:g}; the measure treats each value as "
+                  "spread uniformly over its step (otherwise ties make it meaningless for ϑ < 1)."]
+    if summary is not None and not summary.empty:
+        L += ["", "Estimated moments of the true variables (release scale):", "",
+              "| variable | mean (95% CI) | sd | noise sd |", "|---|---|---|---|"]
+        for r in summary.itertuples():
+            L.append(f"| `{r.variable}` | {r.mean:.4g} ({r.mean_lower:.4g}, {r.mean_upper:.4g}) | "
+                     f"{r.sd:.4g} | {math.sqrt(r.noise_var):.4g} |")
+    return L + [""]
+
+
 # -- private (internal) report ------------------------------------------------------------------
 def risk_measures(frame: pd.DataFrame, keys: list[str]) -> dict:
     """Sample uniques and k-anonymity of the key variables."""
@@ -255,7 +381,9 @@ def risk_measures(frame: pd.DataFrame, keys: list[str]) -> dict:
 
 
 def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,
-                    source: pd.DataFrame, released: pd.DataFrame, validation: dict) -> tuple[str, dict]:
+                    source: pd.DataFrame, released: pd.DataFrame, validation: dict,
+                    curves: pd.DataFrame | None = None, numeric_summary: pd.DataFrame | None = None
+                    ) -> tuple[str, dict]:
     """Source-vs-estimate utility and disclosure risk; stays in the private store."""
     from pram_lib.channels.pram import mutual_information
 
@@ -281,7 +409,7 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
                      "tvd_source_vs_unbiased": 0.5 * float(np.abs(est - p_true).sum()),
                      "tvd_source_vs_released_raw": 0.5 * float(np.nansum(np.abs(released_share - p_true))),
                      "mutual_information_true_p": mi, "interval_coverage": cover})
-    keys = [v.column for v in spec.variables] + [c for c in spec.passthrough
+    keys = [v.column for v in spec.variables if not v.is_noise] + [c for c in spec.passthrough
                                                   if any(c in v.strata for v in spec.variables)]
     risk = {"before": risk_measures(source, keys), "after": risk_measures(released, keys)}
     L = [f"# INTERNAL report for `{spec.release}` (confidential: do not publish)", "",
@@ -302,4 +430,51 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
     for s in validation.get("statistical", []):
         L.append(f"| `{s.get('variable')}` | {s.get('stratum')} | {s.get('statistic', float('nan')):.4g} | "
                  f"{s.get('df')} | {s.get('p_value', float('nan')):.4g} | {s.get('passed')} |")
-    return "\n".join(L) + "\n", {"utility": util, "risk": risk}
+    numeric = noise_utility(assignments, profile, curves, numeric_summary)
+    if numeric:
+        L += ["", "## Continuous variables: source vs deconvolution estimate (release scale)", "",
+              "| variable | sup abs(Ĝ − F_source) | pointwise band covers F_source | simultaneous band covers | "
+              "mean source / est. | sd source / est. | sd noise | sup M̂ at choice | chooser's σ̂_X |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for u in numeric:
+            L.append(f"| `{u['variable']}` | {u['ks_distance']:.4f} | {100 * u['pointwise_coverage']:.0f}% | "
+                     f"{u['simultaneous_covers']} | {u['mean_source']:.4g} / {u['mean_estimate']:.4g} | "
+                     f"{u['sd_source']:.4g} / {u['sd_estimate']:.4g} | {u['noise_sd']:.4g} | "
+                     f"{u['sup_M_at_choice']} | {u['sigma_x']} |")
+        L += ["", "Chooser diagnostics (confidential: they use the source) are in `internal.json`."]
+    return "\n".join(L) + "\n", {"utility": util, "risk": risk, "continuous": numeric}
+
+
+def noise_utility(assignments: list[Assignment], profile: Profile, curves: pd.DataFrame | None,
+                  summary: pd.DataFrame | None) -> list[dict]:
+    out = []
+    if curves is None or curves.empty:
+        return out
+    for a in assignments:
+        if not a.is_noise:
+            continue
+        g = curves[curves["variable"] == a.column]
+        x = profile.numeric[a.column].values
+        x = np.sort(x[~np.isnan(x)])
+        F = np.searchsorted(x, g["x"].to_numpy(), side="right") / x.size
+        srow = summary.set_index("variable").loc[a.column] if summary is not None and not summary.empty else None
+        det = a.channel.details
+        out.append({
+            "variable": a.column,
+            "ks_distance": float(np.max(np.abs(g["cdf"].to_numpy() - F))),
+            "pointwise_coverage": float(np.mean((g["cdf_lower"].to_numpy() <= F) & (F <= g["cdf_upper"].to_numpy()))),
+            "simultaneous_covers": bool(np.all((g["cdf_band_lower"].to_numpy() <= F) &
+                                               (F <= g["cdf_band_upper"].to_numpy()))),
+            "mean_source": float(x.mean()), "sd_source": float(x.std(ddof=1)),
+            "mean_estimate": float(srow["mean"]) if srow is not None else float("nan"),
+            "sd_estimate": float(srow["sd"]) if srow is not None else float("nan"),
+            "noise_sd": math.sqrt(a.channel.variance),
+            "sup_M_at_choice": _fmt_num(det.get("sup_M_at_choice")),
+            "sigma_x": _fmt_num(det.get("sigma_x")),
+            "chooser_details": det,
+        })
+    return out
+
+
+def _fmt_num(x) -> str:
+    return "—" if x is None else f"{x:.4g}" if isinstance(x, (int, float)) else str(x)

@@ -42,7 +42,7 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
                          "fix the path (relative paths are taken from the spec's folder)")
     digest = file_sha256(path)
     wanted = needed_columns(spec)
-    categorical = {v.column for v in spec.variables}
+    categorical = {v.column for v in spec.variables if not v.is_noise}
     try:
         if spec.source.format == "csv":
             header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
@@ -76,7 +76,32 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
         if df[v.column].isna().all():
             raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
                              "check the column, or drop the variable from the spec")
+        if v.is_noise:
+            df[v.column] = _numeric_column(spec, i, v, df[v.column])
     return df, digest
+
+
+def _numeric_column(spec: ReleaseSpec, i: int, v: VariableSpec, col: pd.Series) -> pd.Series:
+    """A continuous variable as float64 (NaN = missing); non-numbers, ±inf and out-of-bounds values are errors."""
+    x = pd.to_numeric(col, errors="coerce").astype("float64")
+    bad = x.isna() & col.notna()
+    if bad.any():
+        raise spec.error(("variables", i, "column"), f"{int(bad.sum())} values are not numbers",
+                         col[bad].astype(str).unique()[:5].tolist(), "clean the column or declare it categorical")
+    arr = x.to_numpy()
+    if np.isinf(arr).any():
+        raise spec.error(("variables", i, "column"), f"{int(np.isinf(arr).sum())} values are infinite", v.column,
+                         "replace them by finite values or mark them missing")
+    if v.bounds is not None:
+        lo, hi = v.bounds
+        out = (arr < lo) | (arr > hi)
+        if out.any():
+            raise spec.error(("variables", i, "bounds"), f"{int(out.sum())} values lie outside the declared bounds",
+                             list(v.bounds), "widen `bounds:` (they are public) or clean the data")
+    if v.transform == "log1p" and np.nanmin(arr) < 0:
+        raise spec.error(("variables", i, "transform"), "log1p needs values >= 0", v.column,
+                         "use `transform: none`, or shift the variable")
+    return x
 
 
 def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
@@ -104,10 +129,19 @@ class VariableProfile:
 
 
 @dataclass
+class NumericProfile:
+    column: str
+    values: np.ndarray               # on the release scale (after the transform); NaN = missing
+    transform: str
+    missing: int
+
+
+@dataclass
 class Profile:
     n_rows: int
     variables: dict[str, VariableProfile]
     passthrough: dict[str, dict] = field(default_factory=dict)
+    numeric: dict[str, NumericProfile] = field(default_factory=dict)
 
 
 def stratify(df: pd.DataFrame, columns: list[str]) -> tuple[list[tuple], np.ndarray]:
@@ -125,8 +159,14 @@ def stratify(df: pd.DataFrame, columns: list[str]) -> tuple[list[tuple], np.ndar
 
 def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
     out: dict[str, VariableProfile] = {}
+    numeric: dict[str, NumericProfile] = {}
     for i, v in enumerate(spec.variables):
         col = df[v.column]
+        if v.is_noise:
+            x = col.to_numpy(dtype=float)
+            numeric[v.column] = NumericProfile(v.column, to_release_scale(x, v.transform), v.transform,
+                                               int(np.isnan(x).sum()))
+            continue
         if v.categories is not None:
             cats = tuple(str(c) for c in v.categories)
             unknown = set(col.dropna().unique()) - set(cats)
@@ -156,7 +196,15 @@ def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
         if pd.api.types.is_numeric_dtype(s):
             info.update(kind="numeric", min=float(s.min()), max=float(s.max()))
         passthrough[c] = info
-    return Profile(len(df), out, passthrough)
+    return Profile(len(df), out, passthrough, numeric)
+
+
+def to_release_scale(x: np.ndarray, transform: str) -> np.ndarray:
+    return np.log1p(x) if transform == "log1p" else np.asarray(x, dtype=float)
+
+
+def from_release_scale(x: np.ndarray, transform: str) -> np.ndarray:
+    return np.expm1(x) if transform == "log1p" else np.asarray(x, dtype=float)
 
 
 # -- choose channels -------------------------------------------------------------------------------
@@ -170,6 +218,10 @@ class Assignment:
     channel: Channel
     prior: str
     prior_epsilon: float
+
+    @property
+    def is_noise(self) -> bool:
+        return not isinstance(self.channel, Channel)
 
     @property
     def stratum_label(self) -> str:
@@ -220,6 +272,11 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
 
     out: list[Assignment] = []
     for i, v in enumerate(spec.variables):
+        if v.is_noise:
+            out.append(Assignment(v.column, NO_STRATUM, (), choose_noise(spec, i, v, profile.numeric[v.column]),
+                                  "data (eta is calibrated on the raw values)" if v.eta is None else "none (fixed)",
+                                  0.0))
+            continue
         vp = profile.variables[v.column]
         cats = vp.categories
         for j, key in enumerate(vp.strata):
@@ -242,10 +299,48 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
     return out
 
 
+THETA_STEP = 0.05
+
+
+def choose_noise(spec: ReleaseSpec, i: int, v: VariableSpec, np_: NumericProfile):
+    """Two-sided Gamma noise for a continuous variable: fixed (ϑ, η), or optimised for the protection level."""
+    from pram_lib.channels import gamma as g
+
+    x = np_.values[~np.isnan(np_.values)]
+    atoms = [float(a) for a in to_release_scale(np.asarray(v.point_masses, dtype=float), v.transform)]
+    Q, delta = v.level.Q, v.level.delta
+    if v.eta is not None:
+        theta = 1.0 if v.channel == "laplace-noise" else (v.theta if v.theta is not None else 1.0)
+        ch = g.fixed_gamma_noise(theta, v.eta, variables=(v.column,))
+        ch.details.update(Q=Q, delta=delta, sup_M_at_choice=g.empirical_sup_M(x, theta, v.eta, Q),
+                          differential_privacy=False)
+        return ch
+    if v.channel == "laplace-noise":
+        grid = [1.0]
+    elif v.theta is not None:
+        grid = [v.theta]
+    else:
+        k0 = max(1, math.ceil(v.theta_min / THETA_STEP - 1e-9))
+        grid = [round(THETA_STEP * k, 10) for k in range(k0, int(round(1 / THETA_STEP)) + 1)]
+    try:
+        ch = g.choose_gamma_noise(x, Q, delta, grid, variables=(v.column,), resolution=v.resolution,
+                                  point_masses=atoms or None, point_mass_mode="exclude" if atoms else "as_is")
+    except g.InfeasibleProtectionError as exc:
+        raise spec.error(("variables", i), f"no noise meets the protection level: {exc}", v.column,
+                         "lower `protection.delta`, raise `protection.Q`, use `transform: log1p` for a skewed "
+                         "variable, or list its heavy values under `point_masses:`") from None
+    return ch
+
+
 def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
-    """ε per record per variable: max over its (disjoint) strata, plus the prior's ε0."""
+    """ε per record per DP variable: max over its (disjoint) strata, plus the prior's ε0.
+
+    Noise channels are not differential privacy and are left out (reported with their own measure).
+    """
     spent: dict[str, float] = {}
     for a in assignments:
+        if a.is_noise:
+            continue
         spent[a.column] = max(spent.get(a.column, 0.0), a.channel.epsilon + a.prior_epsilon)
     return spent
 
@@ -273,6 +368,10 @@ def perturb_frame(df: pd.DataFrame, spec: ReleaseSpec, profile: Profile, assignm
         by_var.setdefault(a.column, []).append(a)
     released = {}
     for i, v in enumerate(spec.variables):
+        if v.is_noise:
+            released[v.column] = by_var[v.column][0].channel.perturb(profile.numeric[v.column].values,
+                                                                     stream(seed, i, 0, 0))
+            continue
         vp = profile.variables[v.column]
         codes = encode(df[v.column], vp.categories, v.column)
         out = np.full(codes.shape, -1, dtype=np.int64)
@@ -306,6 +405,8 @@ def estimate_release(released: pd.DataFrame, assignments: list[Assignment], prof
     """Per variable and stratum: released counts and the estimated true distribution with intervals."""
     frames = []
     for a in assignments:
+        if a.is_noise:
+            continue
         counts = released_counts(released, a, profile)
         row = {"variable": a.column, "stratum": a.stratum_label}
         if counts.sum() == 0:
@@ -325,6 +426,9 @@ def estimate_release(released: pd.DataFrame, assignments: list[Assignment], prof
             "n": est.n,
         })
         frames.append(f)
+    if not frames:
+        return pd.DataFrame(columns=["variable", "stratum", "category", "released_count", "released_share",
+                                     "estimate", "se", "lower", "upper", "projected", "mle", "n"])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -335,3 +439,57 @@ def expected_tvd(estimates: pd.DataFrame) -> dict[str, float]:
         t = 0.5 * float(np.sum(g["se"].to_numpy()) * math.sqrt(2 / math.pi))
         out[var] = max(out.get(var, 0.0), t)
     return out
+
+
+# -- continuous variables: deconvolution (from the release only) -------------------------------------
+def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment], spec: ReleaseSpec,
+                           level: float = 0.95, B: int = 200, nx: int = 256) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per continuous variable: Ĝ and ĝ on a grid with bootstrap bands, and the estimated mean and sd of X.
+
+    Only the released values and the published noise law are used, so an analyst gets the same
+    numbers (the bootstrap stream is keyed by the column name, not by the secret seed).
+    """
+    import zlib
+
+    from pram_lib.deconvolve import bootstrap_band
+
+    curves, summary = [], []
+    for a in assignments:
+        if not a.is_noise:
+            continue
+        v = next(x for x in spec.variables if x.column == a.column)
+        z = released[a.column].to_numpy(dtype=float)
+        z = z[~np.isnan(z)]
+        ch = a.channel
+        lo, hi = np.quantile(z, [0.002, 0.998])
+        if v.bounds is not None:
+            b = to_release_scale(np.asarray(v.bounds, dtype=float), v.transform)
+            lo, hi = max(lo, b[0]), min(hi, b[1])
+        rng = np.random.default_rng(zlib.crc32(a.column.encode()))
+        band = bootstrap_band(z, ch.theta, ch.eta, np.linspace(lo, hi, nx), B=B, level=level, rng=rng)
+        curves.append(pd.DataFrame({
+            "variable": a.column, "scale": v.transform if v.transform != "none" else "identity",
+            "x": band.x, "x_original": from_release_scale(band.x, v.transform),
+            "density": band.density, "density_lower": band.density_lower, "density_upper": band.density_upper,
+            "cdf": band.cdf, "cdf_lower": band.cdf_lower, "cdf_upper": band.cdf_upper,
+            "cdf_band_lower": band.cdf_sim_lower, "cdf_band_upper": band.cdf_sim_upper,
+            "bandwidth": band.bandwidth,
+        }))
+        n = z.size
+        var_y = ch.variance
+        m2 = float(np.var(z, ddof=1))
+        m4 = float(np.mean((z - z.mean()) ** 4))
+        var_x = m2 - var_y
+        z975 = 1.959963984540054
+        se_mean = math.sqrt(m2 / n)
+        se_var = math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
+        summary.append({"variable": a.column, "scale": v.transform if v.transform != "none" else "identity",
+                        "n": n, "mean": float(z.mean()), "mean_se": se_mean,
+                        "mean_lower": float(z.mean()) - z975 * se_mean, "mean_upper": float(z.mean()) + z975 * se_mean,
+                        "var": var_x, "var_se": se_var, "sd": math.sqrt(var_x) if var_x > 0 else float("nan"),
+                        "noise_var": var_y, "bandwidth": band.bandwidth, "bootstrap_replicates": B,
+                        "level": level})
+    cols = ["variable", "scale", "x", "x_original", "density", "density_lower", "density_upper", "cdf", "cdf_lower",
+            "cdf_upper", "cdf_band_lower", "cdf_band_upper", "bandwidth"]
+    return (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=cols),
+            pd.DataFrame(summary))

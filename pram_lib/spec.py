@@ -11,7 +11,9 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-CHANNELS = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
+CATEGORICAL_CHANNELS = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
+NOISE_CHANNELS = ("gamma-noise", "laplace-noise")
+CHANNELS = CATEGORICAL_CHANNELS + NOISE_CHANNELS
 LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")
 
 
@@ -46,6 +48,13 @@ class PriorDP(_Strict):
 Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
 
 
+class Protection(_Strict):
+    """The Ghatak–Sengupta–Roy level: sup_z P(|X - Z| < Q·σ_X | Z = z) ≤ δ (NOT differential privacy)."""
+
+    Q: float = Field(default=0.75, gt=0, description="window half-width in units of σ_X")
+    delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
+
+
 class SourceSpec(_Strict):
     path: str
     format: Literal["csv", "parquet"] | None = None
@@ -74,6 +83,15 @@ class VariableSpec(_Strict):
     min_diagonal: float | None = None
     prior: Prior = "data"
     strata: list[str] = Field(default_factory=list)
+    # continuous variables (gamma-noise, laplace-noise)
+    protection: Protection | None = None
+    theta: float | None = Field(default=None, gt=0, le=1)
+    eta: float | None = Field(default=None, gt=0)
+    theta_min: float = Field(default=0.05, gt=0, le=1)
+    transform: Literal["none", "log1p"] = "none"
+    point_masses: list[float] = Field(default_factory=list)
+    resolution: float | None = Field(default=None, gt=0)
+    bounds: tuple[float, float] | None = None
 
     @field_validator("channel")
     @classmethod
@@ -120,7 +138,40 @@ class VariableSpec(_Strict):
             raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma")
         if self.channel == "rr-uniform" and self.prior != "data":
             raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
+        noise_keys = {"protection", "theta", "eta", "theta_min", "transform", "point_masses", "resolution", "bounds"}
+        if self.channel in NOISE_CHANNELS:
+            self._noise_rules()
+        elif noise_keys & self.model_fields_set:
+            raise ValueError(f"{sorted(noise_keys & self.model_fields_set)} are for gamma-noise/laplace-noise, "
+                             f"not {self.channel}")
         return self
+
+    def _noise_rules(self) -> None:
+        c = self.channel
+        if self.alpha is not None or self.gamma is not None:
+            raise ValueError(f"{c} is not differential privacy and has no alpha/gamma; set `protection: "
+                             "{Q: 0.75, delta: 0.9}` or fixed `theta:`/`eta:`")
+        for key in ("categories", "matrix", "min_diagonal"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"`{key}:` is for categorical channels, not {c}")
+        if self.strata:
+            raise ValueError(f"{c} does not support strata yet; drop `strata:`")
+        if "prior" in self.model_fields_set:
+            raise ValueError(f"{c} has no prior; drop `prior:`")
+        if c == "laplace-noise" and self.theta not in (None, 1.0):
+            raise ValueError("laplace-noise is the theta = 1 member; drop `theta:` or use gamma-noise")
+        if self.eta is not None and self.protection is not None:
+            raise ValueError("give either a fixed `eta:` or a `protection:` level to meet, not both")
+        if self.bounds is not None and not self.bounds[0] < self.bounds[1]:
+            raise ValueError("bounds must be [lower, upper] with lower < upper")
+
+    @property
+    def is_noise(self) -> bool:
+        return self.channel in NOISE_CHANNELS
+
+    @property
+    def level(self) -> Protection:
+        return self.protection or Protection()
 
     @property
     def epsilon(self) -> float | None:
@@ -299,7 +350,7 @@ def check_spec(spec: ReleaseSpec) -> None:
     spent = static_budget(spec)
     if spent > spec.budget + 1e-12:
         parts = ", ".join(f"{v.column}={v.epsilon if v.epsilon is not None else 'matrix'}"
-                          for v in spec.variables)
+                          for v in spec.variables if not v.is_noise)
         raise spec.error(("budget",), f"the variables spend ε = {spent:.4g} in total (sequential composition: "
                          f"{parts}), over the budget", spec.budget,
                          "raise `budget:` or lower the variables' alpha/gamma")
@@ -335,6 +386,8 @@ def static_budget(spec: ReleaseSpec) -> float:
 
     total = 0.0
     for v in spec.variables:
+        if v.is_noise:
+            continue  # not a differential-privacy channel: reported with its own measure
         total += v.prior_epsilon
         if v.epsilon is not None:
             total += v.epsilon

@@ -456,6 +456,29 @@ def channel_consistency_test(source_counts: np.ndarray, released_counts: np.ndar
             f"p = {p:.3g} < {level:g}", "message": msg}
 
 
+def noise_consistency_test(source: np.ndarray, released: np.ndarray, channel, level: float = 1e-3) -> dict:
+    """Test H0: released − source are i.i.d. draws of the channel's noise law (Kolmogorov–Smirnov).
+
+    Missing values must stay missing row by row (a change there fails at once). Uses source values,
+    so the result stays in the private store.
+    """
+    from scipy import stats
+
+    x = np.asarray(source, dtype=float)
+    z = np.asarray(released, dtype=float)
+    name = "/".join(channel.variables) or "variable"
+    base = {"level": level, "method": "kolmogorov-smirnov on released - source", "df": None}
+    if x.shape != z.shape or not np.array_equal(np.isnan(x), np.isnan(z)):
+        return {**base, "passed": False, "statistic": float("nan"), "p_value": 0.0,
+                "reason": "missing values or row count changed", "message": f"{name}: rows or missingness changed"}
+    d = (z - x)[~np.isnan(x)]
+    res = stats.kstest(d, channel.noise.cdf)
+    passed = bool(res.pvalue >= level)
+    return {**base, "passed": passed, "statistic": float(res.statistic), "p_value": float(res.pvalue),
+            "reason": None if passed else f"p = {res.pvalue:.3g} < {level:g}",
+            "message": f"{name}: KS D = {res.statistic:.4g} on {d.size} differences, p = {res.pvalue:.3g}"}
+
+
 # =================================================================================================
 # 3. The gate's failure message
 # =================================================================================================
@@ -481,7 +504,10 @@ def gate_message(results: list[dict]) -> str:
             where = f"variable {var!r}" if var else "channel consistency"
             if res.get("stratum") not in (None, "all"):
                 where += f" (stratum {res['stratum']})"
-            if res.get("df") is None:
+            if res.get("method", "").startswith("kolmogorov"):
+                parts.append(f"{where}: released values inconsistent with the published noise law: "
+                             f"{res.get('message')} ({res.get('reason')})")
+            elif res.get("df") is None:
                 parts.append(f"{where}: released counts inconsistent with the channel: {res.get('reason')}")
             else:
                 parts.append(f"{where}: released counts inconsistent with the channel: statistic "

@@ -72,6 +72,12 @@ def estimate_task(released, assignments, profile) -> pd.DataFrame:
     return publish.with_totals(release.estimate_release(released, assignments, profile))
 
 
+@task(name="deconvolve", **PRIVATE)
+def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Continuous variables: Ĝ, ĝ with bootstrap bands and estimated moments, from the release alone."""
+    return release.estimate_distributions(released, assignments, spec)
+
+
 @task(name="stage-release", **PRIVATE)
 def stage_task(spec: ReleaseSpec) -> publish.Stage:
     return publish.begin_release(spec)
@@ -88,19 +94,24 @@ def validate_task(spec, profile, assignments, released, stage: publish.Stage) ->
 
 
 @task(name="publish", **PRIVATE)
-def publish_task(spec, stage, released, assignments, estimates, validation, n_rows, started) -> Path:
+def publish_task(spec, stage, released, assignments, estimates, distributions, validation, n_rows, started) -> Path:
+    curves, summary = distributions
     publish.write_data(stage, released, spec.csv)
     (stage.tmp / "channels.json").write_text(
         json.dumps(publish.channels_document(spec, assignments), indent=2) + "\n")
     estimates.to_csv(stage.tmp / "estimates.csv", index=False)
-    overall = estimates[estimates["stratum"] == "all"]
+    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
     plots = publish.write_plots(stage, overall)
+    if not curves.empty:
+        curves.to_csv(stage.tmp / "distributions.csv", index=False)
+        summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
+        plots += publish.write_noise_plots(stage, curves, released)
     public_validation = {"gx": validation["gx"],
                          "statistical": [{"variable": s["variable"], "stratum": s["stratum"], "passed": s["passed"]}
                                          for s in validation["statistical"]]}
     (stage.tmp / "validation" / "summary.json").write_text(json.dumps(public_validation, indent=2, default=str))
     report = publish.render_report(spec, assignments, overall, validation, n_rows, list(released.columns),
-                                   started, plots)
+                                   started, plots, summary)
     (stage.tmp / "report.md").write_text(report)
     folder = publish.finish_release(stage)
     key = _key(spec)
@@ -114,15 +125,22 @@ def publish_task(spec, stage, released, assignments, estimates, validation, n_ro
                      "mutual_information": None if a.channel.objective != a.channel.objective
                      else round(a.channel.objective, 6),
                      "estimated_tvd": round(tvd.get(col, float("nan")), 6)})
+    for a in assignments:
+        if a.is_noise:
+            rows.append({"variable": a.column, "channel": f"two-sided gamma theta={a.channel.theta:.4g} "
+                         f"eta={a.channel.eta:.4g}", "alpha": "not DP", "gamma": "not DP",
+                         "mutual_information": None, "estimated_tvd": None})
     create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
     create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
     return folder
 
 
 @task(name="internal-report", **PRIVATE)
-def internal_report_task(spec, assignments, profile, estimates, source, released, validation, folder_name) -> Path:
-    overall = estimates[estimates["stratum"] == "all"]
-    text, data = publish.internal_report(spec, assignments, profile, overall, source, released, validation)
+def internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
+                         folder_name) -> Path:
+    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
+    text, data = publish.internal_report(spec, assignments, profile, overall, source, released, validation,
+                                         *distributions)
     out = spec.resolve(spec.private_store) / "internal" / folder_name
     out.mkdir(parents=True, exist_ok=True)
     (out / "internal_report.md").write_text(text)
