@@ -347,10 +347,11 @@ def noise_report_section(spec: ReleaseSpec, noise: list[Assignment], summary: pd
         prot = f"Q = {v.level.Q:g}, δ = {v.level.delta:g}" if v.eta is None else "fixed η (level not targeted)"
         L.append(f"| `{a.column}` | {v.channel} | {ch.theta:.4g} | {ch.eta:.4g} | {math.sqrt(ch.variance):.4g} | "
                  f"{prot} | {v.transform if v.transform != 'none' else 'as is'} | {pm} |")
+    L.append("")
     for a in noise:
         v = next(x for x in spec.variables if x.column == a.column)
         if v.transform == "log1p":
-            L += ["", f"- `{a.column}` is released on the log scale: the column holds log(1 + x) + Y; "
+            L += [f"- `{a.column}` is released on the log scale: the column holds log(1 + x) + Y; "
                   "back-transform estimates with exp(·) − 1 (`x_original` in `distributions.csv`)."]
         if v.point_masses:
             L += [f"- `{a.column}` has values held by many records ({', '.join(f'{p:g}' for p in v.point_masses)}). "
