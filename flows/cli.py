@@ -37,11 +37,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{'variable':<18} {'stratum':<22} {'S':>5} {'epsilon':>8} {'gamma':>8} {'MI nats':>9}  method")
     for a in assignments:
         c = a.channel
+        if a.is_noise:
+            print(f"{a.column:<18} {'all':<22} {'cont':>5} {'not DP':>8} {'':>8} {'':>9}  two-sided gamma "
+                  f"theta={c.theta:.4g} eta={c.eta:.4g} (noise sd {math.sqrt(c.variance):.4g}), {c.method}")
+            continue
         mi = "" if c.objective is None or math.isnan(c.objective) else f"{c.objective:.4g}"
         print(f"{a.column:<18} {a.stratum_label[:22]:<22} {c.n_inputs:>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} "
               f"{mi:>9}  {c.method}{'' if c.certified else ' [not certified]'}")
     spent = sum(release.spent_by_variable(assignments).values())
     print(f"budget: epsilon {spent:.4g} of {spec.budget:g} per record ({spec.budget - spent:.4g} left)")
+    noise = [a.column for a in assignments if a.is_noise]
+    if noise:
+        print(f"continuous, protected by noise (not differential privacy, not in the budget): {', '.join(noise)}")
     if spec.passthrough:
         print(f"pass-through (unprotected): {', '.join(spec.passthrough)}")
     print("nothing written.")

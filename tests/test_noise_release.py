@@ -207,3 +207,13 @@ def test_out_of_bounds_and_infeasible_level_are_explained(folder):
     with pytest.raises(SpecError) as info:
         release.choose_channels(spec, prof, 1)
     assert info.value.field == "variables[1]" and "point_masses" in str(info.value)
+
+
+def test_cli_check_lists_noise_channels(case, capsys):
+    from flows.cli import main
+
+    spec = case[0]
+    assert main(["check", str(spec.path)]) == 0
+    out = capsys.readouterr().out
+    assert "income" in out and "two-sided gamma" in out and "not differential privacy" in out
+    assert "budget: epsilon 0.6931 of 1" in out  # only colour (γ = 2) counts
