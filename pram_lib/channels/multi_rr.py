@@ -26,15 +26,17 @@ spends the same ε_release = Σ_A ε_A.
   RANDOMIZED data, spending ``epsilon_dependence`` (ε_1) on top of the release's ε_2 (sequential
   composition: the channel's ``epsilon`` = ε_1 + ε_2):
 
-  - ``dependence="attributes"`` (§3.4, paper §4.1): one RR-Independent randomization of every attribute
-    with ε_1/m each (exactly ε_1-LDP); V of each pair on the randomized 2-way table as the paper does
-    (``dependence_estimator="raw"``, default; attenuated towards 0, roughly by p² for retention p, but
-    low-noise, so rankings survive), or on its inversion through the Kronecker channel (``"inverted"``;
-    the scale of the true V, but noise inflates it badly at small ε).
-  - ``dependence="pairs"`` (§3.6, paper §4.3): every pair (i, j) randomized jointly on K_i K_j cells with
-    ε_1 / (m(m−1)/2); V from the Eq. 2 estimate of the pair table (clipped and rescaled; or ``"raw"``). Accounting is
-    strict sequential composition (ε_1 = Σ_pairs, exact: brute force in the tests); the paper's informal
-    "parallel composition" reading (the max over pairs) is reported beside it in ``details``, never used.
+  - ``dependence="attributes"`` (§3.4, paper §4.1): one RR-Independent randomization of every
+    attribute with ε_1/m each, or ε_1 given per attribute (exactly ε_1-LDP); V of each pair on the
+    randomized 2-way table as the paper does (``dependence_estimator="raw"``, default; attenuated
+    towards 0, roughly by p² for retention p, but low-noise, so rankings survive), or on its inversion
+    through the Kronecker channel (``"inverted"``; the scale of the true V, but noise inflates it badly
+    at small ε).
+  - ``dependence="pairs"`` (§3.6, paper §4.3): every pair (i, j) randomized jointly on K_i K_j cells
+    with ε_1 / (m(m−1)/2); V from the Eq. 2 estimate of the pair table, clipped and rescaled (default;
+    or ``"raw"``). Accounting is strict sequential composition (ε_1 = Σ_pairs, exact: brute force in
+    the tests); the paper's informal "parallel composition" reading (the max over pairs) is reported
+    beside it in ``details``, never used.
   - ``public_dependence``: a dependence matrix (m × m) or a cluster list the curator declares public;
     then ε_1 = 0 and the raw data are not looked at. (The paper's §4.2, exact V via secure sum, is not DP;
     a simulation of it is just exact V on the raw data, :func:`dependence_matrix`, which the reproduction
@@ -85,7 +87,9 @@ Data path: ``encode_frame(df, attributes)``, ``perturb_group(channel, codes, rng
 ``decode_frame(channel, codes)``.
 
 Estimates (DataFrames: one column per attribute with the category labels, then estimate, se, lower,
-upper, projected, mle): ``estimate_cluster(channel, released, i, level)``, ``estimate_marginal(channel,
+upper, projected, mle; ``estimate`` is the unbiased inversion and may leave [0, 1], ``projected`` and
+``mle`` are proper distributions; ``df.attrs`` holds level, n and method):
+``estimate_cluster(channel, released, i, level)``, ``estimate_marginal(channel,
 released, attrs, level, method=)``, ``estimate_table(channel, released, a, b, level, method=)``.
 
 Adjustment: ``rr_adjustment(channel, released, targets=None, tol=1e-10, max_iter=1000)`` → weights (n,),
@@ -101,6 +105,7 @@ Helpers for the maths of the paper: ``grr_keep``, ``grr_epsilon``, ``retention_e
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -129,6 +134,7 @@ METHODS = ("rr-independent", "rr-joint", "rr-clusters")
 CLOSED_FORM_MIN_CELLS = 20_000  # above this many cells, O(K) closed forms instead of estimate_distribution
 KRON_MAX_CELLS = 1024  # largest cross-cluster table estimated through the dense Kronecker channel
 MAX_CELLS = 1 << 40  # cell codes must fit comfortably in int64
+MAX_DATA_CELLS = 50_000_000  # perturbing/estimating a cluster holds a few length-K_C float vectors
 
 
 # =====================================================================================================
@@ -307,7 +313,7 @@ class DependenceMeasurement:
     method: str                      # 'attributes' | 'pairs'
     estimator: str                   # 'inverted' | 'raw'
     epsilon: float                   # strict sequential composition (what the release is charged)
-    epsilon_per_unit: float          # ε of each attribute's (4.1) or each pair's (4.3) randomization
+    epsilon_per_unit: float          # ε of each pair's randomization (4.3) or the largest attribute's (4.1)
     epsilon_parallel_reading: float  # the paper's informal reading for 4.3 (max over pairs); = epsilon for 4.1
 
 
@@ -316,7 +322,8 @@ def measure_dependence(codes: np.ndarray, sizes: Sequence[int], *, method: str =
     """Cramér's V between every pair of attributes from an ε-LDP randomization of the records (§3.4/§3.6).
 
     The raw codes are only ever randomized; V is computed from randomized tables. 'attributes' spends
-    ε/m per attribute once; 'pairs' spends ε/(m(m−1)/2) per pair (strict composition, ε in total).
+    ε/m per attribute once (or ``epsilon`` given per attribute); 'pairs' spends ε/(m(m−1)/2) per pair
+    (strict composition, ε in total).
     ``estimator``: 'raw' (V of the randomized table: attenuated towards 0, roughly rank-preserving; the
     paper's §4.1) or 'inverted' (V of the Eq.-2 estimate of the table, clipped and rescaled: on the scale
     of the true V but inflated by noise at small ε; the paper's §4.3). Default: the paper's choice for
@@ -325,7 +332,10 @@ def measure_dependence(codes: np.ndarray, sizes: Sequence[int], *, method: str =
     x = _check_codes(codes, sizes, "codes")
     n, m = x.shape
     sizes = [int(s) for s in sizes]
-    eps = float(epsilon)
+    if np.ndim(epsilon) and method != "attributes":
+        raise ValueError("per-attribute dependence budgets need dependence='attributes'")
+    eps_attr = _attribute_epsilons(epsilon, m) if method == "attributes" else None
+    eps = float(sum(eps_attr)) if eps_attr is not None else float(epsilon)
     if not eps > 0 or math.isinf(eps):
         raise ValueError(f"epsilon_dependence must be finite and > 0, got {epsilon!r}")
     if estimator is None:
@@ -335,7 +345,7 @@ def measure_dependence(codes: np.ndarray, sizes: Sequence[int], *, method: str =
     d = np.eye(m)
     pairs = [(i, j) for i in range(m) for j in range(i + 1, m)]
     if method == "attributes":
-        ch = group_channel([list(range(s)) for s in sizes], [(j,) for j in range(m)], eps,
+        ch = group_channel([list(range(s)) for s in sizes], [(j,) for j in range(m)], eps_attr,
                            method="rr-independent")
         y = perturb_group(ch, x, rng)
         for i, j in pairs:
@@ -344,8 +354,7 @@ def measure_dependence(codes: np.ndarray, sizes: Sequence[int], *, method: str =
                 t = _grr_unmix(_grr_unmix(t, 0, ch.keep[i]), 1, ch.keep[j])
                 t = make_proper(t.ravel()).reshape(t.shape)
             d[i, j] = d[j, i] = cramers_v(t)
-        per = eps / m
-        return DependenceMeasurement(d, method, estimator, float(sum(ch.cluster_epsilons)), per, eps)
+        return DependenceMeasurement(d, method, estimator, float(sum(ch.cluster_epsilons)), max(eps_attr), eps)
     if method == "pairs":
         if not pairs:
             return DependenceMeasurement(d, method, estimator, 0.0, 0.0, 0.0)
@@ -519,6 +528,11 @@ class GroupChannel:
                                keep=np.full(k, p)))
         return tuple(out)
 
+    # -- data path (the same calls as the module functions) -------------------------------------------
+    def perturb_codes(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Randomize (n, m) codes; see :func:`perturb_group`."""
+        return perturb_group(self, codes, rng)
+
     # -- privacy -----------------------------------------------------------------------------------
     @property
     def epsilon_release(self) -> float:
@@ -644,23 +658,22 @@ def rr_joint(categories: Any, epsilon: Any, *, attributes: Sequence[str] | None 
 
 
 def rr_clusters(codes: np.ndarray | None, categories: Any, epsilon: Any, *, T_v: float, T_d: float,
-                dependence: str = "pairs", epsilon_dependence: float | None = None,
+                dependence: str = "pairs", epsilon_dependence: Any = None,
                 rng: np.random.Generator | None = None, public_dependence: Any = None,
                 attributes: Sequence[str] | None = None,
                 dependence_estimator: str | None = None) -> GroupChannel:
     """RR-Clusters: clusters by Algorithm 1 on dependence measured from randomized data, then RR per cluster.
 
-    ``dependence_estimator``: see :func:`measure_dependence` (T_d applies on that estimator's scale).
-
     ``codes``: (n, m) raw codes, only ever randomized (ε_1 = ``epsilon_dependence``, method
-    ``dependence``). ``public_dependence``: an m × m dependence matrix or a cluster list (indices or names)
-    declared public: then no data are read and ε_1 = 0. ``epsilon`` is the release budget ε_2 (total or
-    per attribute); the channel's ``epsilon`` is ε_1 + ε_2.
+    ``dependence``; with 'attributes' it may be given per attribute). ``dependence_estimator``: see
+    :func:`measure_dependence` (T_d applies on that estimator's scale). ``public_dependence``: an m × m
+    dependence matrix or a cluster list (indices or names) declared public: then no data are read and
+    ε_1 = 0. ``epsilon`` is the release budget ε_2 (total or per attribute); the channel's ``epsilon``
+    is ε_1 + ε_2.
     """
     names, cats = _normalise_categories(categories, attributes)
-    m = len(cats)
     sizes = [len(c) for c in cats]
-    info: dict[str, Any] = {"T_v": T_v, "T_d": T_d}
+    info: dict[str, Any] = {"T_v": float(T_v) if math.isfinite(T_v) else str(T_v), "T_d": float(T_d)}
     if public_dependence is not None:
         clusters, dmat = _public_structure(public_dependence, names, sizes, T_v, T_d)
         info.update(dependence_source="public", dependence_method=None)
@@ -763,9 +776,18 @@ def decode_frame(channel: GroupChannel, codes: np.ndarray, index: Any = None) ->
                          for j, a in enumerate(channel.attributes)}, index=index)
 
 
+def _check_data_cells(channel: GroupChannel) -> None:
+    for c, k in zip(channel.clusters, channel.cluster_sizes):
+        if k > MAX_DATA_CELLS:
+            raise ValueError(f"cluster {[channel.attributes[j] for j in c]} has {k:,} cells; randomizing or "
+                             f"estimating it needs length-K vectors (at most {MAX_DATA_CELLS:,} cells "
+                             "supported): split it into smaller clusters (rr_clusters with a smaller T_v)")
+
+
 def perturb_group(channel: GroupChannel, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Randomize (n, m) codes cluster by cluster (independent child streams ``rng.spawn``); returns (n, m)."""
     x = _check_codes(codes, channel.sizes, "codes")
+    _check_data_cells(channel)
     out = np.empty(x.shape, dtype=np.int64)
     sizes = channel.sizes
     for c, k, p, child in zip(channel.clusters, channel.cluster_sizes, channel.keep,
@@ -861,6 +883,8 @@ def estimate_cluster(channel: GroupChannel, released_codes: np.ndarray, cluster_
         raise ValueError(f"cluster_index must be in 0..{len(channel.clusters) - 1}")
     c = channel.clusters[cluster_index]
     k = channel.cluster_sizes[cluster_index]
+    if k > MAX_DATA_CELLS:
+        _check_data_cells(channel)
     counts = np.bincount(_cells(x, c, channel.sizes), minlength=k)
     est = _estimate_keep(k, channel.keep[cluster_index], counts, level, "+".join(channel.attributes[j] for j in c))
     return _frame(channel, c, est, level=level, n=x.shape[0], method="cluster", cluster=cluster_index)
@@ -1003,8 +1027,6 @@ def rr_adjustment(channel: GroupChannel, released_codes: np.ndarray, targets: Se
                 raise ValueError(f"target {ci} has shape {np.asarray(t).shape}, expected ({k},)")
     res = rake(margins, targets, tol=tol, max_iter=max_iter, total=float(n), warn=warn)
     if warn and not res.converged:
-        import warnings
-
         warnings.warn(f"rr_adjustment: not converged after {res.iterations} sweeps (max margin error "
                       f"{res.max_error:.3g} > tol {tol:.3g})", RuntimeWarning, stacklevel=2)
     return (res.weights, res) if return_info else res.weights
