@@ -37,6 +37,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{'variable':<18} {'stratum':<22} {'S':>5} {'epsilon':>8} {'gamma':>8} {'MI nats':>9}  method")
     for a in assignments:
         c = a.channel
+        if a.is_group:
+            cl = " | ".join("+".join(c.variables) for c in c.channels)
+            print(f"{a.column[:18]:<18} {'all':<22} {'group':>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} {'':>9}  "
+                  f"{c.method}: {cl} (dependence ε {c.epsilon_dependence:.3g})")
+            continue
         if a.is_noise:
             print(f"{a.column:<18} {'all':<22} {'cont':>5} {'not DP':>8} {'':>8} {'':>9}  two-sided gamma "
                   f"theta={c.theta:.4g} eta={c.eta:.4g} (noise sd {math.sqrt(c.variance):.4g}), {c.method}")

@@ -15,6 +15,16 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     """What the released table must look like, from the spec and the channels."""
     cols: dict[str, dict] = {}
     for v in spec.variables:
+        if v.is_group:
+            ch = next(a.channel for a in assignments if a.column == v.key)
+            for attr, cats in zip(ch.attributes, ch.categories):
+                cols[attr] = {"kind": "categorical", "domain": [str(c) for c in cats], "max_missing": 0}
+            if v.adjust:
+                from pram_lib.release import weight_column
+
+                cols[weight_column(v)] = {"kind": "numeric", "dtype": "float64", "max_missing": 0, "min": 0.0,
+                                          "max": float(profile.n_rows)}
+            continue
         if v.is_noise:
             cols[v.column] = _noise_column(v, profile, next(a.channel for a in assignments if a.column == v.column))
             continue
@@ -47,6 +57,24 @@ def _noise_column(v, profile: Profile, channel) -> dict:
     return decl
 
 
+def _group_tests(a: Assignment, profile: Profile, released: pd.DataFrame, level: float) -> list[dict]:
+    """Per cluster: the released joint cell counts against K-ary RR applied to the source's cell counts."""
+    from pram_lib.channels.multi_rr import _cells
+    from pram_lib.release import group_codes
+    from pram_lib.validate import channel_consistency_test
+
+    ch = a.channel
+    src, rel = profile.groups[a.column].codes, group_codes(released, ch)
+    out = []
+    for c, k, channel in zip(ch.clusters, ch.cluster_sizes, ch.channels):
+        n = np.bincount(_cells(src, c, ch.sizes), minlength=k).astype(float)
+        N = np.bincount(_cells(rel, c, ch.sizes), minlength=k).astype(float)
+        res = channel_consistency_test(n, N, channel, level=level)
+        res.update(variable=a.column, stratum="cluster " + "+".join(ch.attributes[j] for j in c))
+        out.append(res)
+    return out
+
+
 def run_gate(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], released: pd.DataFrame,
              out_dir: Path | None) -> dict:
     from pram_lib.validate import channel_consistency_test, gate_message, noise_consistency_test, validate_table
@@ -56,6 +84,9 @@ def run_gate(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment],
     if len(released) != profile.n_rows:  # GX reports the row count; counts per stratum would be meaningless
         assignments = []
     for a in assignments:
+        if a.is_group:
+            stats += _group_tests(a, profile, released, spec.validation.level)
+            continue
         if a.is_noise:
             res = noise_consistency_test(profile.numeric[a.column].values, released[a.column].to_numpy(dtype=float),
                                          a.channel, level=spec.validation.level)

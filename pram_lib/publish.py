@@ -77,6 +77,17 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
         if a.is_noise:
             entries.append(noise_entry(spec, a))
             continue
+        if a.is_group:
+            v = next(x for x in spec.variables if x.key == a.column)
+            d = a.channel.to_dict()
+            d.update(variable=a.column, variables=list(a.channel.attributes), stratum="all", strata_columns=[],
+                     stratum_key=[], prior=a.prior, prior_epsilon=0.0, adjust=v.adjust,
+                     weight_column=_weight_column(v) if v.adjust else None,
+                     convention_group="each cluster is K-ary RR on the product of its attributes' categories "
+                                      "(cells in row-major order, first attribute most significant): keep the "
+                                      "true cell w.p. keep, else each other cell w.p. move_each")
+            entries.append(d)
+            continue
         d = a.channel.to_dict()
         d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
                  stratum_key=[None if x is None else str(x) for x in a.stratum],
@@ -93,6 +104,12 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
         "not_differentially_private": [a.column for a in assignments if a.is_noise],
         "channels": entries,
     }
+
+
+def _weight_column(v) -> str:
+    from pram_lib.release import weight_column
+
+    return weight_column(v)
 
 
 PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
@@ -248,9 +265,10 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
     tvd = expected_tvd(overall) if not overall.empty else {}
     by_var: dict[str, list[Assignment]] = {}
     for a in assignments:
-        if not a.is_noise:
+        if not (a.is_noise or a.is_group):
             by_var.setdefault(a.column, []).append(a)
     noise = [a for a in assignments if a.is_noise]
+    groups = [a for a in assignments if a.is_group]
     L = [f"# Release `{spec.release}`", ""]
     if spec.description:
         L += [spec.description.strip(), ""]
@@ -278,6 +296,12 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
         post = " | ".join(f"{100 * h_gamma(p, g):.1f}%" for p in PRIORS_FOR_REPORT)
         L.append(f"| `{var}` | {v.channel} | {len(alist)} | {eps:.4g} | {g:.4g} | {'; '.join(methods)} | "
                  f"{alist[0].prior} | {post} |")
+    for a in groups:
+        v = next(x for x in spec.variables if x.key == a.column)
+        ch = a.channel
+        post = " | ".join(f"{100 * h_gamma(p, ch.gamma):.1f}%" for p in PRIORS_FOR_REPORT)
+        L.append(f"| `{a.column}` (group) | {v.channel} | 1 | {ch.epsilon:.4g} | {ch.gamma:.4g} | "
+                 f"{len(ch.clusters)} clusters | {a.prior} | {post} |")
     L += ["", f"Budget: ε = **{total:.4g}** spent of {spec.budget:g} per record "
           f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
           "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
@@ -287,6 +311,8 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
               "source. The published matrix therefore depends on confidential data; the ε above covers the "
               "released values, not what the choice of matrix reveals. Use `prior: uniform`, a public file or "
               "`prior: {dp: ε0}` for a release whose every output is covered.", ""]
+    if groups:
+        L += group_report_section(spec, groups)
     if noise:
         L += noise_report_section(spec, noise, numeric_summary)
     L += ["## Utility", "",
@@ -325,6 +351,44 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
           "data = pd.read_parquet('data.parquet')\n```", ""]
     return "\n".join(L)
+
+
+def group_report_section(spec: ReleaseSpec, groups: list[Assignment]) -> list[str]:
+    L = ["## Groups of variables: multi-attribute randomized response", "",
+         "The attributes of a group are split into clusters; each cluster is randomized as one variable on the "
+         "product of its attributes' categories (K-ary randomized response: keep the true combination with "
+         "probability `keep`, else report one of the other combinations uniformly). Clusters are randomized "
+         "independently, so the group's ε is the sum of the clusters' ε, plus the ε spent measuring the "
+         "dependence between attributes on randomized data (rr-clusters). Missing values, if any, are a category "
+         "`<missing>` of their own and are randomized like any other.", ""]
+    for a in groups:
+        v = next(x for x in spec.variables if x.key == a.column)
+        ch = a.channel
+        L += [f"### `{a.column}`: {v.channel}", "",
+              f"- attributes: {', '.join(f'`{x}`' for x in ch.attributes)}",
+              f"- ε = {ch.epsilon:.4g} = {ch.epsilon_release:.4g} (release, split equally over the attributes; a "
+              f"cluster spends the sum of its attributes' shares) + {ch.epsilon_dependence:.4g} (measuring "
+              "dependence)", "", "| cluster | cells | ε | keep | each other cell |", "|---|---|---|---|---|"]
+        for c, k, e, p, q in zip(ch.clusters, ch.cluster_sizes, ch.cluster_epsilons, ch.keep, ch.move):
+            L.append(f"| {' + '.join(ch.attributes[j] for j in c)} | {k:,} | {e:.4g} | {p:.4g} | {q:.3g} |")
+        if v.channel == "rr-clusters":
+            c = v.clustering
+            how = ("declared public by the curator (no ε spent)" if c.public else
+                   f"Cramér's V measured on randomized data ({'each pair randomized jointly' if c.measure == 'pairs' else 'each attribute randomized'}, ε = {c.alpha:g})")
+            L += ["", f"Clusters by Algorithm 1 (T_v = {c.T_v:g} cells, T_d = {c.T_d:g}) from dependence {how}."]
+            if ch.dependence is not None and not c.public:
+                L += ["", "Measured dependence (from randomized data):", "",
+                      "| | " + " | ".join(ch.attributes) + " |", "|---" * (len(ch.attributes) + 1) + "|"]
+                for i, row in enumerate(ch.dependence):
+                    L.append(f"| {ch.attributes[i]} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
+        if v.adjust:
+            L += ["", f"RR-Adjustment: the column `{_weight_column(v)}` holds weights (summing to the number of "
+                  "records) that make each cluster's weighted released distribution equal its estimate; use them "
+                  "for tables across clusters (post-processing: no privacy cost)."]
+        L += ["", "`tables.csv` has every 2-way table of the group: the unbiased estimate (inversion through the "
+              "clusters' channels) with its 95% interval" + (", and the adjusted (weighted) table." if v.adjust else "."),
+              ""]
+    return L
 
 
 def noise_report_section(spec: ReleaseSpec, noise: list[Assignment], summary: pd.DataFrame | None) -> list[str]:
@@ -383,13 +447,15 @@ def risk_measures(frame: pd.DataFrame, keys: list[str]) -> dict:
 
 def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,
                     source: pd.DataFrame, released: pd.DataFrame, validation: dict,
-                    curves: pd.DataFrame | None = None, numeric_summary: pd.DataFrame | None = None
-                    ) -> tuple[str, dict]:
+                    curves: pd.DataFrame | None = None, numeric_summary: pd.DataFrame | None = None,
+                    tables: pd.DataFrame | None = None) -> tuple[str, dict]:
     """Source-vs-estimate utility and disclosure risk; stays in the private store."""
     from pram_lib.channels.pram import mutual_information
 
     util = []
     for var, g in overall.groupby("variable", sort=False):
+        if var not in profile.variables:
+            continue
         vp = profile.variables[var]
         total = sum(vp.counts.values())
         p_true = total / total.sum()
@@ -410,7 +476,7 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
                      "tvd_source_vs_unbiased": 0.5 * float(np.abs(est - p_true).sum()),
                      "tvd_source_vs_released_raw": 0.5 * float(np.nansum(np.abs(released_share - p_true))),
                      "mutual_information_true_p": mi, "interval_coverage": cover})
-    keys = [v.column for v in spec.variables if not v.is_noise] + [c for c in spec.passthrough
+    keys = [c for v in spec.variables if not v.is_noise for c in v.names] + [c for c in spec.passthrough
                                                   if any(c in v.strata for v in spec.variables)]
     risk = {"before": risk_measures(source, keys), "after": risk_measures(released, keys)}
     L = [f"# INTERNAL report for `{spec.release}` (confidential: do not publish)", "",
@@ -431,6 +497,15 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
     for s in validation.get("statistical", []):
         L.append(f"| `{s.get('variable')}` | {s.get('stratum')} | {s.get('statistic', float('nan')):.4g} | "
                  f"{s.get('df')} | {s.get('p_value', float('nan')):.4g} | {s.get('passed')} |")
+    grp = group_utility(assignments, profile, overall, tables)
+    if grp:
+        L += ["", "## Groups: source vs estimate", "",
+              "| group | table | TVD unbiased (projected) | TVD adjusted (weighted) | 95% interval coverage |",
+              "|---|---|---|---|---|"]
+        for u in grp:
+            adj = "—" if u["tvd_adjusted"] is None else f"{u['tvd_adjusted']:.4f}"
+            L.append(f"| `{u['group']}` | {u['table']} | {u['tvd_projected']:.4f} | {adj} | "
+                     f"{100 * u['coverage']:.0f}% |")
     numeric = noise_utility(assignments, profile, curves, numeric_summary)
     if numeric:
         L += ["", "## Continuous variables: source vs deconvolution estimate (release scale)", "",
@@ -443,7 +518,38 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
                      f"{u['sd_source']:.4g} / {u['sd_estimate']:.4g} | {u['noise_sd']:.4g} | "
                      f"{u['sup_M_at_choice']} | {u['sigma_x']} |")
         L += ["", "Chooser diagnostics (confidential: they use the source) are in `internal.json`."]
-    return "\n".join(L) + "\n", {"utility": util, "risk": risk, "continuous": numeric}
+    return "\n".join(L) + "\n", {"utility": util, "risk": risk, "continuous": numeric, "groups": grp}
+
+
+def group_utility(assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,
+                  tables: pd.DataFrame | None) -> list[dict]:
+    """Per group: marginals and 2-way tables, source vs estimate (TVD, interval coverage)."""
+    out = []
+    for a in assignments:
+        if not a.is_group:
+            continue
+        ch, gp = a.channel, profile.groups[a.column]
+        for j, attr in enumerate(ch.attributes):
+            p = np.bincount(gp.codes[:, j], minlength=len(ch.categories[j])) / gp.codes.shape[0]
+            g = overall[overall["variable"] == attr].set_index("category").reindex([str(c) for c in ch.categories[j]])
+            out.append({"group": a.column, "table": attr, "tvd_projected": 0.5 * float(np.abs(g["projected"] - p).sum()),
+                        "tvd_adjusted": None, "coverage": float(np.mean((g["lower"] <= p) & (p <= g["upper"])))})
+        if tables is None or tables.empty:
+            continue
+        for (va, vb), t in tables[tables["group"] == a.column].groupby(["variable_a", "variable_b"], sort=False):
+            ia, ib = ch.attributes.index(va), ch.attributes.index(vb)
+            ka, kb = len(ch.categories[ia]), len(ch.categories[ib])
+            true = np.bincount(gp.codes[:, ia] * kb + gp.codes[:, ib], minlength=ka * kb) / gp.codes.shape[0]
+            ca = {str(c): i for i, c in enumerate(ch.categories[ia])}
+            cb = {str(c): i for i, c in enumerate(ch.categories[ib])}
+            idx = t["category_a"].map(ca).to_numpy() * kb + t["category_b"].map(cb).to_numpy()
+            p = true[idx]
+            out.append({"group": a.column, "table": f"{va} × {vb}",
+                        "tvd_projected": 0.5 * float(np.abs(t["projected"].to_numpy() - p).sum()),
+                        "tvd_adjusted": 0.5 * float(np.abs(t["adjusted"].to_numpy() - p).sum())
+                        if "adjusted" in t else None,
+                        "coverage": float(np.mean((t["lower"].to_numpy() <= p) & (p <= t["upper"].to_numpy())))})
+    return out
 
 
 def noise_utility(assignments: list[Assignment], profile: Profile, curves: pd.DataFrame | None,

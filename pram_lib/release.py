@@ -30,7 +30,7 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def needed_columns(spec: ReleaseSpec) -> list[str]:
-    cols = [v.column for v in spec.variables] + list(spec.passthrough)
+    cols = [c for v in spec.variables for c in v.names] + list(spec.passthrough)
     return list(dict.fromkeys(cols))
 
 
@@ -42,7 +42,7 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
                          "fix the path (relative paths are taken from the spec's folder)")
     digest = file_sha256(path)
     wanted = needed_columns(spec)
-    categorical = {v.column for v in spec.variables if not v.is_noise}
+    categorical = {c for v in spec.variables if not v.is_noise for c in v.names}
     try:
         if spec.source.format == "csv":
             header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
@@ -73,6 +73,12 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
         raise spec.error(("source", "path"), "the source has no rows", str(path), "point to a non-empty file")
     df = df[wanted]
     for i, v in enumerate(spec.variables):
+        if v.is_group:
+            for j, c in enumerate(v.columns):
+                if df[c].isna().all():
+                    raise spec.error(("variables", i, "columns", j), "every value of this column is missing", c,
+                                     "check the column, or drop it from the group")
+            continue
         if df[v.column].isna().all():
             raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
                              "check the column, or drop the variable from the spec")
@@ -107,6 +113,12 @@ def _numeric_column(spec: ReleaseSpec, i: int, v: VariableSpec, col: pd.Series) 
 def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
     present = set(header)
     for i, v in enumerate(spec.variables):
+        if v.is_group:
+            for j, c in enumerate(v.columns):
+                if c not in present:
+                    raise spec.error(("variables", i, "columns", j), "column not in the source", c,
+                                     f"use one of {sorted(present)[:30]}")
+            continue
         if v.column not in present:
             raise spec.error(("variables", i, "column"), "column not in the source", v.column,
                              f"use one of {sorted(present)[:30]}")
@@ -137,11 +149,24 @@ class NumericProfile:
 
 
 @dataclass
+class GroupProfile:
+    key: str
+    attributes: tuple
+    categories: list[list[str]]      # per attribute; '<missing>' is a category of its own
+    codes: np.ndarray                # (n, m) raw codes: confidential
+    missing: dict[str, int]
+
+
+MISSING = "<missing>"
+
+
+@dataclass
 class Profile:
     n_rows: int
     variables: dict[str, VariableProfile]
     passthrough: dict[str, dict] = field(default_factory=dict)
     numeric: dict[str, NumericProfile] = field(default_factory=dict)
+    groups: dict[str, GroupProfile] = field(default_factory=dict)
 
 
 def stratify(df: pd.DataFrame, columns: list[str]) -> tuple[list[tuple], np.ndarray]:
@@ -160,7 +185,11 @@ def stratify(df: pd.DataFrame, columns: list[str]) -> tuple[list[tuple], np.ndar
 def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
     out: dict[str, VariableProfile] = {}
     numeric: dict[str, NumericProfile] = {}
+    groups: dict[str, GroupProfile] = {}
     for i, v in enumerate(spec.variables):
+        if v.is_group:
+            groups[v.key] = _group_profile(v, df)
+            continue
         col = df[v.column]
         if v.is_noise:
             x = col.to_numpy(dtype=float)
@@ -196,7 +225,23 @@ def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
         if pd.api.types.is_numeric_dtype(s):
             info.update(kind="numeric", min=float(s.min()), max=float(s.max()))
         passthrough[c] = info
-    return Profile(len(df), out, passthrough, numeric)
+    return Profile(len(df), out, passthrough, numeric, groups)
+
+
+def _group_profile(v: VariableSpec, df: pd.DataFrame) -> GroupProfile:
+    cats, codes, missing = [], [], {}
+    for c in v.columns:
+        col = df[c]
+        k = sorted(map(str, col.dropna().unique()))
+        missing[c] = int(col.isna().sum())
+        if missing[c]:
+            k.append(MISSING)
+        cats.append(k)
+        x = encode(col, k, c)
+        if missing[c]:
+            x = np.where(x < 0, len(k) - 1, x)
+        codes.append(x)
+    return GroupProfile(v.key, tuple(v.columns), cats, np.column_stack(codes).astype(np.int64), missing)
 
 
 def to_release_scale(x: np.ndarray, transform: str) -> np.ndarray:
@@ -221,7 +266,11 @@ class Assignment:
 
     @property
     def is_noise(self) -> bool:
-        return not isinstance(self.channel, Channel)
+        return hasattr(self.channel, "theta")
+
+    @property
+    def is_group(self) -> bool:
+        return hasattr(self.channel, "clusters")
 
     @property
     def stratum_label(self) -> str:
@@ -272,6 +321,12 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
 
     out: list[Assignment] = []
     for i, v in enumerate(spec.variables):
+        if v.is_group:
+            out.append(Assignment(v.key, NO_STRATUM, (), choose_group(spec, i, v, profile.groups[v.key], seed),
+                                  "none (channel does not depend on the data)" if v.channel != "rr-clusters" else
+                                  ("public clusters" if v.clustering.public else
+                                   f"clusters from randomized data (ε = {v.dependence_epsilon:g})"), 0.0))
+            continue
         if v.is_noise:
             out.append(Assignment(v.column, NO_STRATUM, (), choose_noise(spec, i, v, profile.numeric[v.column]),
                                   "data (eta is calibrated on the raw values)" if v.eta is None else "none (fixed)",
@@ -297,6 +352,34 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps))
     check_budget(spec, out)
     return out
+
+
+def choose_group(spec: ReleaseSpec, i: int, v: VariableSpec, gp: GroupProfile, seed: int):
+    """RR-Independent / RR-Joint / RR-Clusters for a group; clusters come from randomized data only."""
+    from pram_lib.channels import multi_rr as mr
+
+    cats = {a: c for a, c in zip(gp.attributes, gp.categories)}
+    if v.channel == "rr-independent":
+        return mr.rr_independent(cats, v.epsilon)
+    if v.channel == "rr-joint":
+        ch = mr.rr_joint(cats, v.epsilon)
+    else:
+        c = v.clustering
+        try:
+            ch = mr.rr_clusters(None if c.public else gp.codes, cats, v.epsilon, T_v=c.T_v, T_d=c.T_d,
+                                dependence=c.measure, epsilon_dependence=c.alpha, rng=stream(seed, i, 0, 2),
+                                public_dependence=c.public)
+        except ValueError as exc:
+            raise spec.error(("variables", i, "clustering"), str(exc), None, "check the clustering settings") from None
+    for k, cl in zip(ch.cluster_sizes, ch.clusters):
+        if k > mr.MAX_DATA_CELLS:
+            raise spec.error(("variables", i), f"cluster {[gp.attributes[j] for j in cl]} has {k:,} cells, more "
+                             f"than {mr.MAX_DATA_CELLS:,}", None, "use rr-clusters with a smaller T_v")
+    return ch
+
+
+def weight_column(v: VariableSpec) -> str:
+    return f"{v.name or 'rr'}_weight"
 
 
 THETA_STEP = 0.05
@@ -368,6 +451,10 @@ def perturb_frame(df: pd.DataFrame, spec: ReleaseSpec, profile: Profile, assignm
         by_var.setdefault(a.column, []).append(a)
     released = {}
     for i, v in enumerate(spec.variables):
+        if v.is_group:
+            released.update(perturb_group_columns(v, profile.groups[v.key], by_var[v.key][0].channel,
+                                                  stream(seed, i, 0, 0)))
+            continue
         if v.is_noise:
             released[v.column] = by_var[v.column][0].channel.perturb(profile.numeric[v.column].values,
                                                                      stream(seed, i, 0, 0))
@@ -384,6 +471,23 @@ def perturb_frame(df: pd.DataFrame, spec: ReleaseSpec, profile: Profile, assignm
     for c in spec.passthrough:
         released[c] = df[c].to_numpy()
     return pd.DataFrame(released, index=pd.RangeIndex(len(df)))
+
+
+def perturb_group_columns(v: VariableSpec, gp: GroupProfile, ch, rng: np.random.Generator) -> dict:
+    from pram_lib.channels.multi_rr import perturb_group, rr_adjustment
+
+    z = perturb_group(ch, gp.codes, rng)
+    out = {a: pd.Categorical.from_codes(z[:, j], categories=list(gp.categories[j]))
+           for j, a in enumerate(gp.attributes)}
+    if v.adjust:
+        out[weight_column(v)] = rr_adjustment(ch, z, warn=False)
+    return out
+
+
+def group_codes(released: pd.DataFrame, ch) -> np.ndarray:
+    """Released codes of a group, from the released table and the published channel."""
+    return np.column_stack([pd.Categorical(released[a].astype("object"), categories=list(c)).codes
+                            for a, c in zip(ch.attributes, ch.categories)]).astype(np.int64)
 
 
 # -- estimate (from the release only) ----------------------------------------------------------------
@@ -406,6 +510,9 @@ def estimate_release(released: pd.DataFrame, assignments: list[Assignment], prof
     frames = []
     for a in assignments:
         if a.is_noise:
+            continue
+        if a.is_group:
+            frames += group_marginals(released, a.channel, level)
             continue
         counts = released_counts(released, a, profile)
         row = {"variable": a.column, "stratum": a.stratum_label}
@@ -439,6 +546,57 @@ def expected_tvd(estimates: pd.DataFrame) -> dict[str, float]:
         t = 0.5 * float(np.sum(g["se"].to_numpy()) * math.sqrt(2 / math.pi))
         out[var] = max(out.get(var, 0.0), t)
     return out
+
+
+def group_marginals(released: pd.DataFrame, ch, level: float = 0.95) -> list[pd.DataFrame]:
+    from pram_lib.channels.multi_rr import estimate_marginal
+
+    z = group_codes(released, ch)
+    out = []
+    for j, attr in enumerate(ch.attributes):
+        e = estimate_marginal(ch, z, [attr], level)
+        counts = np.bincount(z[:, j], minlength=len(ch.categories[j])).astype(float)
+        out.append(pd.DataFrame({
+            "variable": attr, "stratum": "all", "category": [str(c) for c in ch.categories[j]],
+            "released_count": counts, "released_share": counts / counts.sum(),
+            "estimate": e["estimate"].to_numpy(), "se": e["se"].to_numpy(), "lower": e["lower"].to_numpy(),
+            "upper": e["upper"].to_numpy(), "projected": e["projected"].to_numpy(), "mle": e["mle"].to_numpy(),
+            "n": float(z.shape[0]),
+        }))
+    return out
+
+
+def estimate_group_tables(released: pd.DataFrame, assignments: list[Assignment], spec: ReleaseSpec,
+                          level: float = 0.95) -> pd.DataFrame:
+    """Every 2-way table inside each group: unbiased (Kronecker inversion), and RR-adjusted when published."""
+    from pram_lib.channels.multi_rr import estimate_table
+
+    frames = []
+    for a in assignments:
+        if not a.is_group:
+            continue
+        v = next(x for x in spec.variables if x.key == a.column)
+        ch = a.channel
+        z = group_codes(released, ch)
+        w = released[weight_column(v)].to_numpy() if v.adjust else None
+        for i in range(len(ch.attributes)):
+            for j in range(i + 1, len(ch.attributes)):
+                ai, aj = ch.attributes[i], ch.attributes[j]
+                try:
+                    t = estimate_table(ch, z, ai, aj, level)
+                except ValueError:  # too many cells for the Kronecker inversion across clusters
+                    t = estimate_table(ch, z, ai, aj, level, method="independence")
+                f = pd.DataFrame({"group": a.column, "variable_a": ai, "category_a": t[ai].astype(str).to_numpy(),
+                                  "variable_b": aj, "category_b": t[aj].astype(str).to_numpy(),
+                                  "estimate": t["estimate"].to_numpy(), "se": t["se"].to_numpy(),
+                                  "lower": t["lower"].to_numpy(), "upper": t["upper"].to_numpy(),
+                                  "projected": t["projected"].to_numpy(),
+                                  "method": t.attrs.get("method", "unbiased")})
+                if w is not None:
+                    adj = estimate_table(ch, z, ai, aj, level, method="adjusted", weights=w)
+                    f["adjusted"] = adj["estimate"].to_numpy()
+                frames.append(f)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 # -- continuous variables: deconvolution (from the release only) -------------------------------------

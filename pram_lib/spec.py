@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 CATEGORICAL_CHANNELS = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
 NOISE_CHANNELS = ("gamma-noise", "laplace-noise")
-CHANNELS = CATEGORICAL_CHANNELS + NOISE_CHANNELS
-LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")
+GROUP_CHANNELS = ("rr-independent", "rr-joint", "rr-clusters")
+CHANNELS = CATEGORICAL_CHANNELS + NOISE_CHANNELS + GROUP_CHANNELS
+LEVEL_CHANNELS = ("pram-optimal", "rr-uniform") + GROUP_CHANNELS
 
 
 class SpecError(ValueError):
@@ -55,6 +56,25 @@ class Protection(_Strict):
     delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
 
 
+class Clustering(_Strict):
+    """How rr-clusters finds its clusters (Algorithm 1 of Domingo-Ferrer & Soria-Comas)."""
+
+    T_v: float = Field(default=1000, gt=1, description="largest cluster domain (product of category counts)")
+    T_d: float = Field(default=0.1, ge=0, le=1, description="smallest Cramér's V that links two attributes")
+    measure: Literal["pairs", "attributes"] = "pairs"
+    alpha: float | None = Field(default=None, gt=0, description="ε spent measuring dependence on randomized data")
+    public: list[list[str]] | None = Field(default=None, description="clusters declared public (no ε spent)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Clustering":
+        if self.public is None and self.alpha is None:
+            raise ValueError("the dependence is measured on randomized data: give its budget `alpha:` "
+                             "(or declare the clusters public with `public: [[a, b], [c]]`)")
+        if self.public is not None and self.alpha is not None:
+            raise ValueError("public clusters spend no budget: drop `alpha:` or `public:`")
+        return self
+
+
 class SourceSpec(_Strict):
     path: str
     format: Literal["csv", "parquet"] | None = None
@@ -74,7 +94,11 @@ class SourceSpec(_Strict):
 
 
 class VariableSpec(_Strict):
-    column: str
+    column: str | None = None
+    columns: list[str] | None = None     # a group of categorical variables with one channel
+    name: str | None = None              # a group's name (default: its columns joined by '+')
+    adjust: bool = False                 # groups: publish RR-Adjustment weights
+    clustering: Clustering | None = None
     channel: str
     alpha: float | None = None
     gamma: float | None = None
@@ -123,6 +147,15 @@ class VariableSpec(_Strict):
 
     @model_validator(mode="after")
     def _level_rules(self) -> "VariableSpec":
+        if (self.column is None) == (self.columns is None):
+            raise ValueError("give `column:` (one variable) or `columns:` (a group with an rr-independent, "
+                             "rr-joint or rr-clusters channel), exactly one")
+        if self.columns is not None:
+            self._group_rules()
+        elif self.channel in GROUP_CHANNELS:
+            raise ValueError(f"{self.channel} randomizes a group: use `columns: [a, b, ...]` instead of `column:`")
+        elif {"name", "adjust", "clustering"} & self.model_fields_set:
+            raise ValueError("`name:`, `adjust:` and `clustering:` are for groups (`columns:`)")
         if self.alpha is not None and self.gamma is not None:
             raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
         if self.channel in LEVEL_CHANNELS and self.alpha is None and self.gamma is None:
@@ -145,6 +178,42 @@ class VariableSpec(_Strict):
             raise ValueError(f"{sorted(noise_keys & self.model_fields_set)} are for gamma-noise/laplace-noise, "
                              f"not {self.channel}")
         return self
+
+    def _group_rules(self) -> None:
+        if self.channel not in GROUP_CHANNELS:
+            raise ValueError(f"a group (`columns:`) needs channel {', '.join(GROUP_CHANNELS)}, not {self.channel}")
+        if len(self.columns) < 2 or len(set(self.columns)) != len(self.columns):
+            raise ValueError("a group needs at least two distinct columns")
+        allowed = {"column", "columns", "name", "adjust", "clustering", "channel", "alpha", "gamma"}
+        extra = sorted(set(self.model_fields_set) - allowed)
+        if extra:
+            raise ValueError(f"{extra} do not apply to a group channel (allowed: {sorted(allowed - {'column'})})")
+        if self.channel == "rr-clusters" and self.clustering is None:
+            raise ValueError("rr-clusters needs `clustering: {T_v: ..., T_d: ..., measure: pairs, alpha: ...}`")
+        if self.channel != "rr-clusters" and self.clustering is not None:
+            raise ValueError(f"`clustering:` is only for rr-clusters, not {self.channel}")
+        if self.clustering is not None and self.clustering.public is not None:
+            named = [c for cl in self.clustering.public for c in cl]
+            if sorted(named) != sorted(self.columns):
+                raise ValueError("public clusters must name every column of the group exactly once")
+
+    @property
+    def is_group(self) -> bool:
+        return self.columns is not None
+
+    @property
+    def key(self) -> str:
+        """The variable's column, or the group's name."""
+        return self.column if self.columns is None else (self.name or "+".join(self.columns))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.columns) if self.columns is not None else [self.column]
+
+    @property
+    def dependence_epsilon(self) -> float:
+        c = self.clustering
+        return c.alpha if c is not None and c.alpha is not None else 0.0
 
     def _noise_rules(self) -> None:
         c = self.channel
@@ -236,7 +305,7 @@ class ReleaseSpec(_Strict):
 
     def variable_loc(self, column: str) -> tuple:
         for i, v in enumerate(self.variables):
-            if v.column == column:
+            if column in (v.column, v.key) or (v.is_group and column in v.columns):
                 return ("variables", i)
         return ("variables",)
 
@@ -331,15 +400,19 @@ def check_spec(spec: ReleaseSpec) -> None:
     """Cross-field rules that need the whole spec."""
     seen: dict[str, int] = {}
     for i, v in enumerate(spec.variables):
-        if v.column in seen:
-            raise spec.error(("variables", i, "column"), "variable named twice", v.column,
-                             f"keep one entry (the first is variables[{seen[v.column]}])")
-        seen[v.column] = i
+        for j, col in enumerate(v.names):
+            if col in seen:
+                where = ("variables", i, "column") if not v.is_group else ("variables", i, "columns", j)
+                raise spec.error(where, "variable named twice", col,
+                                 f"keep one entry (the first is variables[{seen[col]}])")
+            seen[col] = i
     for j, col in enumerate(spec.passthrough):
         if col in seen:
             raise spec.error(("passthrough", j), "a perturbed variable cannot also pass through unchanged", col,
                              "remove it from `passthrough:` or from `variables:`")
     for i, v in enumerate(spec.variables):
+        if v.is_group:
+            continue
         for j, s in enumerate(v.strata):
             if s not in spec.passthrough:
                 raise spec.error(("variables", i, "strata", j),
@@ -349,7 +422,7 @@ def check_spec(spec: ReleaseSpec) -> None:
             _check_custom(spec, i, v)
     spent = static_budget(spec)
     if spent > spec.budget + 1e-12:
-        parts = ", ".join(f"{v.column}={v.epsilon if v.epsilon is not None else 'matrix'}"
+        parts = ", ".join(f"{v.key}={v.epsilon + v.dependence_epsilon if v.epsilon is not None else 'matrix'}"
                           for v in spec.variables if not v.is_noise)
         raise spec.error(("budget",), f"the variables spend ε = {spent:.4g} in total (sequential composition: "
                          f"{parts}), over the budget", spec.budget,
@@ -388,7 +461,7 @@ def static_budget(spec: ReleaseSpec) -> float:
     for v in spec.variables:
         if v.is_noise:
             continue  # not a differential-privacy channel: reported with its own measure
-        total += v.prior_epsilon
+        total += v.prior_epsilon + v.dependence_epsilon
         if v.epsilon is not None:
             total += v.epsilon
         elif v.channel == "pram-custom":

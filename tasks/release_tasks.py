@@ -8,6 +8,7 @@ reading files retries (transient I/O).
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from pathlib import Path
@@ -73,9 +74,10 @@ def estimate_task(released, assignments, profile) -> pd.DataFrame:
 
 
 @task(name="deconvolve", **PRIVATE)
-def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Continuous variables: Ĝ, ĝ with bootstrap bands and estimated moments, from the release alone."""
-    return release.estimate_distributions(released, assignments, spec)
+def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Continuous variables: Ĝ, ĝ with bootstrap bands and moments; groups: 2-way tables. Release only."""
+    curves, summary = release.estimate_distributions(released, assignments, spec)
+    return curves, summary, release.estimate_group_tables(released, assignments, spec)
 
 
 @task(name="stage-release", **PRIVATE)
@@ -95,7 +97,7 @@ def validate_task(spec, profile, assignments, released, stage: publish.Stage) ->
 
 @task(name="publish", **PRIVATE)
 def publish_task(spec, stage, released, assignments, estimates, distributions, validation, n_rows, started) -> Path:
-    curves, summary = distributions
+    curves, summary, tables = distributions
     publish.write_data(stage, released, spec.csv)
     (stage.tmp / "channels.json").write_text(
         json.dumps(publish.channels_document(spec, assignments), indent=2) + "\n")
@@ -106,6 +108,8 @@ def publish_task(spec, stage, released, assignments, estimates, distributions, v
         curves.to_csv(stage.tmp / "distributions.csv", index=False)
         summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
         plots += publish.write_noise_plots(stage, curves, released)
+    if not tables.empty:
+        tables.to_csv(stage.tmp / "tables.csv", index=False)
     public_validation = {"gx": validation["gx"],
                          "statistical": [{"variable": s["variable"], "stratum": s["stratum"], "passed": s["passed"]}
                                          for s in validation["statistical"]]}
@@ -120,11 +124,13 @@ def publish_task(spec, stage, released, assignments, estimates, distributions, v
     rows = []
     for col, eps in release.spent_by_variable(assignments).items():
         a = next(x for x in assignments if x.column == col)
-        rows.append({"variable": col, "channel": next(v.channel for v in spec.variables if v.column == col),
-                     "alpha": round(eps, 6), "gamma": round(float(__import__("math").exp(eps)), 6),
-                     "mutual_information": None if a.channel.objective != a.channel.objective
-                     else round(a.channel.objective, 6),
-                     "estimated_tvd": round(tvd.get(col, float("nan")), 6)})
+        v = next(x for x in spec.variables if x.key == col)
+        mi = getattr(a.channel, "objective", None)
+        rows.append({"variable": col, "channel": v.channel if not a.is_group else
+                     f"{v.channel}: {len(a.channel.clusters)} clusters",
+                     "alpha": round(eps, 6), "gamma": round(math.exp(eps), 6),
+                     "mutual_information": None if mi is None or mi != mi else round(mi, 6),
+                     "estimated_tvd": None if a.is_group else round(tvd.get(col, float("nan")), 6)})
     for a in assignments:
         if a.is_noise:
             rows.append({"variable": a.column, "channel": f"two-sided gamma theta={a.channel.theta:.4g} "

@@ -47,8 +47,10 @@ def test_release_folder_has_every_artefact(demo_release):
     for required in ["data.parquet", "data.csv", "channels.json", "estimates.csv", "report.md", "manifest.json",
                      "validation/gx_results.json", "validation/summary.json", "validation/data_docs/index.html"]:
         assert required in names, sorted(names)
-    for var in ["marital_status", "race", "education", "occupation", "workclass", "income"]:
+    for var in ["marital_status", "relationship", "education_num", "race", "education", "occupation", "workclass",
+                "income"]:
         assert f"plots/{var}.png" in names
+    assert "tables.csv" in names and "distributions.csv" in names
     assert not list(folder.parent.glob(".*partial*")), "staging folder left behind"
 
 
@@ -72,8 +74,9 @@ def test_released_table_shape_and_channels(demo_release):
     src = pd.read_csv(ROOT / "data" / "adult.csv.gz")
     rel = pd.read_parquet(folder / "data.parquet")
     assert len(rel) == len(src) == 32561
-    assert list(rel.columns) == ["marital_status", "race", "education", "occupation", "workclass", "income", "age",
-                                 "hours_per_week", "capital_gain", "sex"]
+    assert list(rel.columns) == ["race", "education", "occupation", "workclass", "income", "marital_status",
+                                 "relationship", "education_num", "household_weight", "age", "hours_per_week",
+                                 "capital_gain", "sex"]
     # missing values stay missing, row by row
     for col in ["occupation", "workclass"]:
         assert (rel[col].isna().to_numpy() == src[col].isna().to_numpy()).all()
@@ -86,7 +89,7 @@ def test_released_table_shape_and_channels(demo_release):
     income = next(c for c in doc["channels"] if c["variables"] == ["income"])
     assert income["epsilon"] == pytest.approx(math.log(4), rel=1e-12)  # 0.8/0.2
     # budget: sum over variables of the max over strata (+ DP prior)
-    expected = 1.0 + math.log(3) + (1.5 + 0.1) + 1.0 + 1.0 + math.log(4)
+    expected = math.log(3) + (1.5 + 0.1) + 1.0 + 1.0 + math.log(4) + 3.0  # household group: α = 3
     assert doc["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
     ch = Channel.from_dict(race)
     assert ch.epsilon == pytest.approx(math.log(3), rel=1e-12)
@@ -144,6 +147,35 @@ def test_continuous_variables_carry_the_noise_law_and_recovered_distributions(de
     assert "not give: differential privacy" in report and "log(1 + x)" in report
     for var in ["age", "hours_per_week", "capital_gain"]:
         assert (folder / "plots" / f"{var}.png").is_file()
+
+
+def test_clustered_group_with_adjustment(demo_release):
+    folder = demo_release["folder"]
+    rel = pd.read_parquet(folder / "data.parquet")
+    doc = json.loads((folder / "channels.json").read_text())
+    grp = next(c for c in doc["channels"] if c.get("variable") == "household")
+    assert grp["method"] == "rr-clusters" and grp["weight_column"] == "household_weight"
+    assert [c["attributes"] for c in grp["clusters"]] == [["marital_status", "relationship"], ["education_num"]]
+    for c in grp["clusters"]:  # α = 3 split equally over 3 attributes; K-ary RR keep = e^E / (e^E + K − 1)
+        e = float(len(c["attributes"]))
+        assert c["epsilon"] == pytest.approx(e, rel=1e-12)
+        assert c["keep"] == pytest.approx(math.exp(e) / (math.exp(e) + c["cells"] - 1), rel=1e-12)
+    assert grp["epsilon"] == pytest.approx(3.0, rel=1e-12)
+    w = rel["household_weight"].to_numpy()
+    assert (w >= 0).all() and w.sum() == pytest.approx(len(rel), rel=1e-9)
+    # the weighted released distribution of each cluster equals its estimate projected onto the simplex
+    est = pd.read_csv(folder / "estimates.csv")
+    share = pd.Series(w).groupby(rel["education_num"].astype(str).to_numpy()).sum() / w.sum()
+    target = est[(est.variable == "education_num") & (est.stratum == "all")].set_index("category")["projected"]
+    target.index = target.index.astype(str)
+    assert np.allclose(share.reindex(target.index).fillna(0).to_numpy(), target.to_numpy(), atol=1e-8)
+    tables = pd.read_csv(folder / "tables.csv")
+    assert {(a, b) for a, b in zip(tables.variable_a, tables.variable_b)} == {
+        ("marital_status", "relationship"), ("marital_status", "education_num"), ("relationship", "education_num")}
+    inside = tables[(tables.variable_a == "marital_status") & (tables.variable_b == "relationship")]
+    assert len(inside) == 42 and inside["estimate"].sum() == pytest.approx(1.0, abs=1e-9)
+    report = (folder / "report.md").read_text()
+    assert "### `household`: rr-clusters" in report and "household_weight" in report
 
 
 def test_estimates_are_consistent_with_release(demo_release):
