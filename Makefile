@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 GAMMA_REPS ?= 100
+RR_RUNS ?= 50
 
 .PHONY: install test demo bench clean
 
@@ -27,6 +28,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_estimate
 	$(BIN)/python -m benchmarks.bench_gamma
 	$(BIN)/python -m benchmarks.gamma_simulation --reps $(GAMMA_REPS)
+	$(BIN)/python -m benchmarks.bench_multi_rr
+	$(BIN)/python -m benchmarks.rr_clusters_experiment --runs $(RR_RUNS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
