@@ -84,7 +84,7 @@ public_dependence=None)``, ``group_channel(categories, clusters, epsilon)`` (any
 (split equally over attributes) or one ε_A per attribute.
 
 Data path: ``encode_frame(df, attributes)``, ``perturb_group(channel, codes, rng)``,
-``decode_frame(channel, codes)``.
+``decode_frame(channel, codes)``, ``cell_codes(codes, cols, sizes)`` (mixed-radix cell of a cluster).
 
 Estimates (DataFrames: one column per attribute with the category labels, then estimate, se, lower,
 upper, projected, mle; ``estimate`` is the unbiased inversion and may leave [0, 1], ``projected`` and
@@ -122,7 +122,7 @@ from pram_lib.perturb import sample_keep_uniform
 
 __all__ = [
     "GroupChannel", "group_channel", "rr_independent", "rr_joint", "rr_clusters",
-    "perturb_group", "encode_frame", "decode_frame",
+    "perturb_group", "encode_frame", "decode_frame", "cell_codes",
     "estimate_cluster", "estimate_marginal", "estimate_table", "rr_adjustment",
     "grr_keep", "grr_epsilon", "retention_epsilon", "rr_matrix", "cluster_keep", "make_proper",
     "chi2_B", "error_bounds", "best_case_relative_error",
@@ -744,6 +744,12 @@ def _cells(x: np.ndarray, cols: Sequence[int], sizes: Sequence[int]) -> np.ndarr
         cell *= int(sizes[j])
         cell += x[:, j]
     return cell
+
+
+def cell_codes(codes: np.ndarray, cols: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+    """Mixed-radix (row-major, first column most significant) cell code of the columns ``cols`` of (n, m)
+    integer codes; ``sizes`` are the m attributes' category counts. Public name of the internal helper."""
+    return _cells(np.asarray(codes), cols, sizes)
 
 
 def encode_frame(df: pd.DataFrame, attributes: Sequence[str], categories: Any = None,
