@@ -59,7 +59,7 @@ def _noise_column(v, profile: Profile, channel) -> dict:
 
 def _group_tests(a: Assignment, profile: Profile, released: pd.DataFrame, level: float) -> list[dict]:
     """Per cluster: the released joint cell counts against K-ary RR applied to the source's cell counts."""
-    from pram_lib.channels.multi_rr import _cells
+    from pram_lib.channels.multi_rr import cell_codes as _cells
     from pram_lib.release import group_codes
     from pram_lib.validate import channel_consistency_test
 
