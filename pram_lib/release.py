@@ -69,6 +69,10 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
             raise
         raise spec.error(("source",), f"cannot read the source: {exc}", str(path),
                          "check `source.dtypes` and the file's contents") from None
+    if file_sha256(path) != digest:
+        raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
+                         "rerun once the file is complete (write sources under a temporary name and rename them "
+                         "into place)")
     if len(df) == 0:
         raise spec.error(("source", "path"), "the source has no rows", str(path), "point to a non-empty file")
     df = df[wanted]
@@ -218,6 +222,7 @@ class Assignment:
     channel: Channel
     prior: str
     prior_epsilon: float
+    public: bool = False             # spec marks the variable public: ε = ∞ accepted, not in the budget
 
     @property
     def is_noise(self) -> bool:
@@ -294,7 +299,7 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
                 p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
                 prior_eps = v.prior_epsilon
                 ch = invariant_pram(p, min_diagonal=v.min_diagonal, variable=v.column, categories=cats)
-            out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps))
+            out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps, v.public))
     check_budget(spec, out)
     return out
 
@@ -335,23 +340,30 @@ def choose_noise(spec: ReleaseSpec, i: int, v: VariableSpec, np_: NumericProfile
 def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
     """ε per record per DP variable: max over its (disjoint) strata, plus the prior's ε0.
 
-    Noise channels are not differential privacy and are left out (reported with their own measure).
+    Noise channels are not differential privacy and are left out (reported with their own measure);
+    so are variables the spec marks public (no privacy claimed; listed as unprotected).
     """
     spent: dict[str, float] = {}
     for a in assignments:
-        if a.is_noise:
+        if a.is_noise or a.public:
             continue
         spent[a.column] = max(spent.get(a.column, 0.0), a.channel.epsilon + a.prior_epsilon)
     return spent
 
 
+def public_variables(assignments: list[Assignment]) -> list[str]:
+    """Variables the spec marks public (released through a channel but with no privacy claimed)."""
+    return list(dict.fromkeys(a.column for a in assignments if a.public))
+
+
 def check_budget(spec: ReleaseSpec, assignments: list[Assignment]) -> None:
+    """The leakage guard (ε = ∞ only on variables marked public) and the per-release budget."""
+    from pram_lib.spec import LEAK_FIX, leak_problem
+
     spent = spent_by_variable(assignments)
     for col, eps in spent.items():
         if not math.isfinite(eps):
-            raise spec.error(spec.variable_loc(col), "this channel gives no privacy (ε = ∞: some released "
-                             "category rules out some true category)", col,
-                             "use a matrix without zeros, or channel pram-optimal / rr-uniform")
+            raise spec.error(spec.variable_loc(col), leak_problem(col), col, LEAK_FIX.format(col=col))
     total = sum(spent.values())
     if total > spec.budget + 1e-9:
         detail = ", ".join(f"{c}={e:.4g}" for c, e in spent.items())
