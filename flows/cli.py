@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import secrets
@@ -118,29 +117,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from pram_lib.audit import sha256_file, verify_chain, verify_manifest
+    from pram_lib.verify import verify_release
 
-    folder = Path(args.release)
-    ok_m, msg_m = verify_manifest(folder)
-    print(("OK   " if ok_m else "FAIL ") + msg_m)
-    ok = ok_m
-    audit_path = Path(args.audit) if args.audit else None
-    if audit_path is not None:
-        ok_c, msg_c = verify_chain(audit_path)
-        print(("OK   " if ok_c else "FAIL ") + msg_c)
-        ok = ok and ok_c
-        if ok_c and (folder / "manifest.json").exists():
-            digest = sha256_file(folder / "manifest.json")
-            entries = [json.loads(x) for x in audit_path.read_bytes().splitlines() if x.strip()]
-            hit = [e for e in entries if e.get("folder") == folder.name]
-            if not hit:
-                print(f"FAIL {audit_path}: no audit entry for release {folder.name}")
-                ok = False
-            elif hit[-1].get("manifest_sha256") != digest:
-                print(f"FAIL {folder / 'manifest.json'}: its SHA-256 differs from the audit entry")
-                ok = False
-            else:
-                print(f"OK   audit entry for {folder.name} matches manifest.json")
+    ok = True
+    for good, msg in verify_release(Path(args.release), Path(args.audit) if args.audit else None):
+        print(("OK   " if good else "FAIL ") + msg)
+        ok = ok and good
     return 0 if ok else 1
 
 

@@ -60,6 +60,8 @@ def release_flow(spec_path: str, seed: int | None = None) -> str:
     except BaseException as exc:
         if stage is not None:
             publish.abandon_release(stage)
+            if folder is None and stage.final.is_dir():  # renamed into place, then the publish step failed
+                folder = stage.final
         if folder is not None:  # published whole, then a later step failed: the audit still vouches for it
             record.update(folder=folder.name, manifest_sha256=publish.sha256_of(folder / "manifest.json"))
         audit_task(spec_path, "release-failed", {**record, "error": f"{type(exc).__name__}: {exc}",

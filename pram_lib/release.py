@@ -45,7 +45,11 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
     categorical = {v.column for v in spec.variables if not v.is_noise}
     try:
         if spec.source.format == "csv":
-            header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
+            header = pd.read_csv(path, nrows=1, header=None, dtype="str", encoding="utf-8").iloc[0].tolist()
+            dups = sorted({str(c) for c in header if header.count(c) > 1})
+            if dups:  # pandas would rename the second copy silently ('a.1') and release the first
+                raise spec.error(("source", "path"), "the source's header names a column more than once", dups,
+                                 "rename the duplicate columns in the source")
             _check_columns(spec, header)
             dtypes = {c: "str" for c in categorical}
             dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
@@ -298,6 +302,12 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             else:
                 p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
                 prior_eps = v.prior_epsilon
+                if np.any(p <= 0):
+                    empty = [c for c, x in zip(cats, p) if x <= 0]
+                    raise spec.error(("variables", i, "categories" if v.categories is not None else "prior"),
+                                     f"categories with no records{'' if key == NO_STRATUM else f' in stratum {key}'}"
+                                     ": invariant PRAM would keep them apart and its matrix is then singular",
+                                     empty, "drop them from `categories:`, or use channel pram-optimal / rr-uniform")
                 ch = invariant_pram(p, min_diagonal=v.min_diagonal, variable=v.column, categories=cats)
             out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps, v.public))
     check_budget(spec, out)
