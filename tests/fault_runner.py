@@ -112,12 +112,36 @@ def run(case: dict, inject: bool) -> dict:
             **snapshot(Path(case["folder"]))}
 
 
+def warm_up() -> None:
+    """Pay the one-off costs (imports, GX's and matplotlib's caches) once, before forking. No Prefect run
+    happens here and no thread is started, so the children fork from a clean state."""
+    import tempfile
+    import threading
+
+    import pandas as pd
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0  # no tqdm monitor thread in a process that forks
+    import flows.release  # noqa: F401
+    import prefect.flow_engine  # noqa: F401
+    import prefect.task_engine  # noqa: F401
+    from pram_lib import publish
+    from pram_lib.validate import validate_table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        df = pd.DataFrame({"x": pd.Categorical(["a", "b"] * 5)})
+        validate_table(df, {"x": {"kind": "categorical", "domain": ["a", "b"], "max_missing": 0}}, 10, Path(tmp))
+        stage = publish.Stage(Path(tmp), Path(tmp) / "final")
+        publish.write_plots(stage, pd.DataFrame({"variable": ["x"] * 2, "category": ["a", "b"],
+                                                 "released_share": [0.5, 0.5], "estimate": [0.5, 0.5],
+                                                 "lower": [0.4, 0.4], "upper": [0.6, 0.6]}))
+    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
+
+
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     parallel = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-    import flows.release  # noqa: F401  (import cost paid once, before forking)
-    import great_expectations  # noqa: F401
-    import matplotlib.pyplot  # noqa: F401
+    warm_up()
 
     results: dict[str, dict] = {}
     pending = list(cases)
