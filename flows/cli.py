@@ -43,6 +43,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"budget: epsilon {spent:.4g} of {spec.budget:g} per record ({spec.budget - spent:.4g} left)")
     if spec.passthrough:
         print(f"pass-through (unprotected): {', '.join(spec.passthrough)}")
+    public = release.public_variables(assignments)
+    if public:
+        print(f"public variables (epsilon = inf accepted, not in the budget): {', '.join(public)}")
+    if spec.population is not None:
+        from pram_lib.ledger import ledger_for
+        from pram_lib.spec import ledger_bound
+
+        pop, ledger = spec.population, ledger_for(spec)
+        used, need = ledger.spent(pop.key), ledger_bound(spec)
+        print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
+              f"this release reserves {need:.4g} ({'fits' if used + need <= pop.cap + 1e-9 else 'REFUSED: over the cap'})")
     print("nothing written.")
     return 0
 

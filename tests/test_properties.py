@@ -15,7 +15,8 @@ from pram_lib.channels.pram import optimal_pram
 from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr
 from pram_lib.spec import SpecError, load_spec, static_budget
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=60, deadline=None, database=None,  # no .hypothesis/ folder in the checkout
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def brute_epsilon(m: np.ndarray) -> float:
