@@ -74,7 +74,10 @@ def runs(prefect_server, tmp_path_factory):
     v = [{**IDENTITY, "public": True}, {"column": "size", "channel": "pram-optimal", "alpha": 1.0},
          {"column": "score", "channel": "laplace-noise", "protection": {"Q": 0.75, "delta": 0.9}}]
     spec = synth.write_spec(base / "prod", variables=v, population={"key": "leak-pop", "cap": 10})
-    state = release_flow(str(spec), return_state=True)
+    for attempt in range(3):  # the gate is a test at level 0.001: with a random seed it may refuse, rarely
+        state = release_flow(str(spec), return_state=True)
+        if state.is_completed() or "validation gate failed" not in (state.message or ""):
+            break
     folder = Path(state.result())
     with get_client(sync_client=True) as client:
         fid = state.state_details.flow_run_id
@@ -100,7 +103,7 @@ def test_public_variable_and_pass_through_are_reported(runs):
     rel = pd.read_parquet(folder / "data.parquet")
     assert (rel["colour"].astype(str).to_numpy() == src["colour"].to_numpy()).all()  # identity: released as is
     from pram_lib.ledger import Ledger
-    hist = Ledger(runs["base"] / "private" / "ledger.sqlite").history("leak-pop")
+    hist = [h for h in Ledger(runs["base"] / "private" / "ledger.sqlite").history("leak-pop") if h.status != "cancelled"]
     assert [h.status for h in hist] == ["spent"] and hist[0].epsilon == pytest.approx(doc["epsilon_spent"])
     assert hist[0].epsilon <= 1.0 + 1e-12  # only the DP variable (pram-optimal, α = 1)
 
@@ -109,15 +112,16 @@ def test_public_variable_and_pass_through_are_reported(runs):
 @pytest.mark.slow
 def test_seed_comes_from_os_entropy_and_stays_private(runs):
     base = runs["base"]
+    run_id = json.loads((base / "private" / "audit.jsonl").read_text().splitlines()[-1])["run_id"]
     seeds = list((base / "private" / "seeds").glob("*.json"))
-    assert len(seeds) == 1 and (seeds[0].stat().st_mode & 0o777) == 0o600
-    record = json.loads(seeds[0].read_text())
+    assert all((p.stat().st_mode & 0o777) == 0o600 for p in seeds)
+    record = json.loads((base / "private" / "seeds" / f"{run_id}.json").read_text())
     assert record["source"] == "os-entropy"
     seed = int(record["seed"])
     assert seed.bit_length() > 64  # 128 random bits: below 2^64 with probability 2^-64
     # the seed's only copy on disk is the private seed file
     holders = [p for p in base.rglob("*") if p.is_file() and record["seed"].encode() in p.read_bytes()]
-    assert holders == [seeds[0]]
+    assert holders == [base / "private" / "seeds" / f"{run_id}.json"]
 
 
 def _public_texts(runs) -> dict[str, bytes]:
@@ -140,7 +144,8 @@ def _public_texts(runs) -> dict[str, bytes]:
 @pytest.mark.slow
 def test_public_artefacts_hold_no_seed_source_path_or_source_only_column(runs):
     base = runs["base"]
-    seed = json.loads(next((base / "private" / "seeds").glob("*.json")).read_text())["seed"]
+    run_id = json.loads((base / "private" / "audit.jsonl").read_text().splitlines()[-1])["run_id"]
+    seed = json.loads((base / "private" / "seeds" / f"{run_id}.json").read_text())["seed"]
     secrets = {"seed": [seed, hex(int(seed))[2:]],
                "source path": [str(base / "src.csv"), "src.csv"],
                "source-only column": [synth.SECRET_COLUMN, synth.SECRET_VALUE_PREFIX]}

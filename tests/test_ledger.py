@@ -110,10 +110,10 @@ def test_flow_refuses_over_cap_before_reading_data(prefect_server, tmp_path):
     from flows.release import release_flow
 
     spec = _spec(tmp_path)
-    folders = [release_flow(str(spec)) for _ in range(2)]
+    folders = [release_flow(str(spec), seed=s) for s in (1, 2)]
     (tmp_path / "src.csv").write_bytes(b"\xff\xfe not a csv any more")  # reading it now would fail differently
     with pytest.raises(LedgerRefused, match="has spent"):
-        release_flow(str(spec))
+        release_flow(str(spec), seed=3)
     hist = Ledger(tmp_path / "private" / "ledger.sqlite").history("people-2026")
     assert [h.status for h in hist] == ["spent", "spent"]
     assert sorted(h.folder for h in hist) == sorted(Path(f).name for f in folders)

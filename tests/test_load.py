@@ -41,7 +41,7 @@ def test_ten_scheduled_releases_at_once(prefect_server, tmp_path):
     synth.make_source(tmp_path / "src.csv", n=300)
     specs = []
     for i in range(N_RUNS):
-        specs.append(synth.write_spec(tmp_path, name=f"load{i}.yaml", release=f"load-{i}",
+        specs.append(synth.write_spec(tmp_path, name=f"load{i}.yaml", release=f"load-{i}", seed=100 + i,
                                       population={"key": "load-pop", "cap": CAP},
                                       variables=[{"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
                                                  {"column": "size", "channel": "rr-uniform", "alpha": 1.0}]))

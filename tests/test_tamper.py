@@ -21,8 +21,8 @@ def published(prefect_server, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("tamper")
     spec = synth.write_spec(base, noise=True)
-    release_flow(str(spec))                    # two releases in one audit log: entries before and after
-    folder = Path(release_flow(str(spec)))
+    release_flow(str(spec), seed=1)            # two releases in one audit log: entries before and after
+    folder = Path(release_flow(str(spec), seed=2))
     return {"folder": folder, "audit": base / "private" / "audit.jsonl", "base": base}
 
 
