@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import secrets
@@ -56,6 +55,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"continuous, protected by noise (not differential privacy, not in the budget): {', '.join(noise)}")
     if spec.passthrough:
         print(f"pass-through (unprotected): {', '.join(spec.passthrough)}")
+    public = release.public_variables(assignments)
+    if public:
+        print(f"public variables (epsilon = inf accepted, not in the budget): {', '.join(public)}")
+    if spec.population is not None:
+        from pram_lib.ledger import ledger_for
+        from pram_lib.spec import ledger_bound
+
+        pop, ledger = spec.population, ledger_for(spec)
+        used, need = ledger.spent(pop.key), ledger_bound(spec)
+        print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
+              f"this release reserves {need:.4g} ({'fits' if used + need <= pop.cap + 1e-9 else 'REFUSED: over the cap'})")
     print("nothing written.")
     return 0
 
@@ -130,29 +140,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from pram_lib.audit import sha256_file, verify_chain, verify_manifest
+    from pram_lib.verify import verify_release
 
-    folder = Path(args.release)
-    ok_m, msg_m = verify_manifest(folder)
-    print(("OK   " if ok_m else "FAIL ") + msg_m)
-    ok = ok_m
-    audit_path = Path(args.audit) if args.audit else None
-    if audit_path is not None:
-        ok_c, msg_c = verify_chain(audit_path)
-        print(("OK   " if ok_c else "FAIL ") + msg_c)
-        ok = ok and ok_c
-        if ok_c and (folder / "manifest.json").exists():
-            digest = sha256_file(folder / "manifest.json")
-            entries = [json.loads(x) for x in audit_path.read_bytes().splitlines() if x.strip()]
-            hit = [e for e in entries if e.get("folder") == folder.name]
-            if not hit:
-                print(f"FAIL {audit_path}: no audit entry for release {folder.name}")
-                ok = False
-            elif hit[-1].get("manifest_sha256") != digest:
-                print(f"FAIL {folder / 'manifest.json'}: its SHA-256 differs from the audit entry")
-                ok = False
-            else:
-                print(f"OK   audit entry for {folder.name} matches manifest.json")
+    ok = True
+    for good, msg in verify_release(Path(args.release), Path(args.audit) if args.audit else None):
+        print(("OK   " if good else "FAIL ") + msg)
+        ok = ok and good
     return 0 if ok else 1
 
 

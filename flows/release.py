@@ -11,9 +11,10 @@ from prefect import flow, get_run_logger
 from pram_lib import __version__, publish
 from pram_lib.audit import utc_now
 from tasks.release_tasks import (audit_task, choose_channels_task, distributions_task, estimate_task,
-                                 internal_report_task,
+                                 finish_run_task, internal_report_task,
                                  load_spec_task, perturb_task, profile_task, publish_task, read_source_task,
-                                 seed_task, stage_task, validate_task)
+                                 reserve_budget_task, seed_task, settle_budget_task, stage_task, start_run_task,
+                                 validate_task)
 
 
 class ValidationGateFailed(RuntimeError):
@@ -26,10 +27,12 @@ def release_flow(spec_path: str, seed: int | None = None) -> str:
     run_id, started = uuid.uuid4().hex, utc_now()
     record = {"run_id": run_id, "spec_path": str(Path(spec_path).resolve()), "started": started,
               "package_version": __version__, "git_commit": _git_commit()}
-    stage = None
+    spec = stage = folder = assignments = None
     try:
         spec = load_spec_task(spec_path)
         record.update(release=spec.release, spec_sha256=spec.sha256)
+        start_run_task(spec, spec_path, run_id)   # audits runs killed earlier; journals this one
+        reserve_budget_task(spec, run_id)         # population ε ledger: refused here, before any data is read
         source, source_sha = read_source_task(spec)
         record.update(source_sha256=source_sha, rows=len(source))
         profile = profile_task(source, spec)
@@ -45,18 +48,27 @@ def release_flow(spec_path: str, seed: int | None = None) -> str:
             raise ValidationGateFailed(f"validation gate failed, nothing published: {validation['message']}")
         folder = publish_task(spec, stage, released, assignments, estimates, distributions, validation,
                               len(source), started)
+        settle_budget_task(spec, run_id, assignments, folder)
         internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
                              folder.name)
         manifest_sha = publish.sha256_of(folder / "manifest.json")
         audit_task(spec_path, "release-published", {**record, "folder": folder.name, "manifest_sha256": manifest_sha,
                                                      "finished": utc_now()})
         get_run_logger().info("release published: %s", folder)
+        finish_run_task()
         return str(folder)
     except BaseException as exc:
         if stage is not None:
             publish.abandon_release(stage)
+            if folder is None and stage.final.is_dir():  # renamed into place, then the publish step failed
+                folder = stage.final
+        if folder is not None:  # published whole, then a later step failed: the audit still vouches for it
+            record.update(folder=folder.name, manifest_sha256=publish.sha256_of(folder / "manifest.json"))
         audit_task(spec_path, "release-failed", {**record, "error": f"{type(exc).__name__}: {exc}",
                                                  "finished": utc_now()})
+        if spec is not None:
+            settle_budget_task(spec, run_id, assignments, folder)
+        finish_run_task()
         raise
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -43,16 +44,25 @@ class AuditLog:
                 back = min(size, back * 4)
 
     def append(self, event: str, **fields: Any) -> dict:
+        """Append one entry. An exclusive lock on the log spans reading the last hash and writing, so
+        concurrent releases sharing a private store cannot fork the chain."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {"time": utc_now(), "event": event, **fields, "prev": self.last_hash()}
-        entry["hash"] = hashlib.sha256(_canonical(entry)).hexdigest()
-        line = _canonical(entry)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line + b"\n")
-            os.fsync(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            entry = {"time": utc_now(), "event": event, **fields, "prev": self.last_hash()}
+            entry["hash"] = hashlib.sha256(_canonical(entry)).hexdigest()
+            line = _canonical(entry) + b"\n"
+            size = os.fstat(fd).st_size
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(f"{self.path}: short write of an audit entry")
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)  # no half entry (a full disk): the chain stays verifiable
+                raise
         finally:
-            os.close(fd)
+            os.close(fd)  # releases the lock
         return entry
 
     def entries(self) -> list[dict]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from pram_lib import __version__
 from pram_lib.audit import build_manifest, sha256_file as sha256_of
-from pram_lib.release import Assignment, Profile, expected_tvd, spent_by_variable
+from pram_lib.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
 from pram_lib.spec import ReleaseSpec
 
 PRIORS_FOR_REPORT = (0.01, 0.10, 0.50)
@@ -33,15 +33,18 @@ class Stage:
     final: Path
 
 
-def begin_release(spec: ReleaseSpec, run_time: datetime | None = None) -> Stage:
-    """A hidden temporary sibling of the final folder; nothing is visible until `finish_release`."""
+def begin_release(spec: ReleaseSpec, run_time: datetime | None = None, owner: str | None = None) -> Stage:
+    """A hidden temporary sibling of the final folder; nothing is visible until `finish_release`.
+
+    `owner` (a run id) ends the temporary name, so a run killed at any point can have its staging
+    folder found and removed later (journal.recover)."""
     run_time = run_time or datetime.now(timezone.utc)
     out = spec.resolve(spec.output)
     out.mkdir(parents=True, exist_ok=True)
     final = out / f"{spec.release}-{run_time.strftime('%Y%m%dT%H%M%S%fZ')}"
     if final.exists():
         raise ReleaseExistsError(f"{final} already exists; a published release is never overwritten")
-    tmp = out / f".{final.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp = out / f".{final.name}.partial-{owner or uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     return Stage(tmp, final)
 
@@ -70,6 +73,7 @@ def abandon_release(stage: Stage) -> None:
 
 
 # -- artefacts ------------------------------------------------------------------------------------
+VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
     spent = spent_by_variable(assignments)
     entries = []
@@ -89,6 +93,7 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
             entries.append(d)
             continue
         d = a.channel.to_dict()
+        d["details"] = {k: v for k, v in d.get("details", {}).items() if k not in VOLATILE_DETAILS}
         d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
                  stratum_key=[None if x is None else str(x) for x in a.stratum],
                  prior=a.prior, prior_epsilon=a.prior_epsilon)
@@ -102,6 +107,7 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
         "epsilon_by_variable": spent,
         "composition": "sequential over variables, parallel over disjoint strata",
         "not_differentially_private": [a.column for a in assignments if a.is_noise],
+        "unprotected": {"passthrough": list(spec.passthrough), "public_variables": public_variables(assignments)},
         "channels": entries,
     }
 
@@ -281,6 +287,10 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
     if spec.passthrough:
         L.append(f"- **pass-through (released unchanged, no protection): "
                  f"{', '.join(f'`{c}`' for c in spec.passthrough)}**")
+    if public_variables(assignments):
+        L.append(f"- **public variables (the spec marks them `public: true`; their channel gives no privacy, "
+                 f"ε = ∞, and they are not in the budget): "
+                 f"{', '.join(f'`{c}`' for c in public_variables(assignments))}**")
     L += ["", "## Privacy", "",
           "Each variable is perturbed record by record by a published channel. ε (the PRAM paper's α) is the "
           "local differential-privacy level of the channel; γ = e^ε is the Chai–Nayak bound: every Bayes factor "

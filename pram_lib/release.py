@@ -45,7 +45,11 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
     categorical = {c for v in spec.variables if not v.is_noise for c in v.names}
     try:
         if spec.source.format == "csv":
-            header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
+            header = pd.read_csv(path, nrows=1, header=None, dtype="str", encoding="utf-8").iloc[0].tolist()
+            dups = sorted({str(c) for c in header if header.count(c) > 1})
+            if dups:  # pandas would rename the second copy silently ('a.1') and release the first
+                raise spec.error(("source", "path"), "the source's header names a column more than once", dups,
+                                 "rename the duplicate columns in the source")
             _check_columns(spec, header)
             dtypes = {c: "str" for c in categorical}
             dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
@@ -69,6 +73,10 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
             raise
         raise spec.error(("source",), f"cannot read the source: {exc}", str(path),
                          "check `source.dtypes` and the file's contents") from None
+    if file_sha256(path) != digest:
+        raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
+                         "rerun once the file is complete (write sources under a temporary name and rename them "
+                         "into place)")
     if len(df) == 0:
         raise spec.error(("source", "path"), "the source has no rows", str(path), "point to a non-empty file")
     df = df[wanted]
@@ -263,6 +271,7 @@ class Assignment:
     channel: Channel
     prior: str
     prior_epsilon: float
+    public: bool = False             # spec marks the variable public: ε = ∞ accepted, not in the budget
 
     @property
     def is_noise(self) -> bool:
@@ -348,8 +357,14 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             else:
                 p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
                 prior_eps = v.prior_epsilon
+                if np.any(p <= 0):
+                    empty = [c for c, x in zip(cats, p) if x <= 0]
+                    raise spec.error(("variables", i, "categories" if v.categories is not None else "prior"),
+                                     f"categories with no records{'' if key == NO_STRATUM else f' in stratum {key}'}"
+                                     ": invariant PRAM would keep them apart and its matrix is then singular",
+                                     empty, "drop them from `categories:`, or use channel pram-optimal / rr-uniform")
                 ch = invariant_pram(p, min_diagonal=v.min_diagonal, variable=v.column, categories=cats)
-            out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps))
+            out.append(Assignment(v.column, key, vp.strata_columns, ch, prior_label, prior_eps, v.public))
     check_budget(spec, out)
     return out
 
@@ -418,23 +433,30 @@ def choose_noise(spec: ReleaseSpec, i: int, v: VariableSpec, np_: NumericProfile
 def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
     """ε per record per DP variable: max over its (disjoint) strata, plus the prior's ε0.
 
-    Noise channels are not differential privacy and are left out (reported with their own measure).
+    Noise channels are not differential privacy and are left out (reported with their own measure);
+    so are variables the spec marks public (no privacy claimed; listed as unprotected).
     """
     spent: dict[str, float] = {}
     for a in assignments:
-        if a.is_noise:
+        if a.is_noise or a.public:
             continue
         spent[a.column] = max(spent.get(a.column, 0.0), a.channel.epsilon + a.prior_epsilon)
     return spent
 
 
+def public_variables(assignments: list[Assignment]) -> list[str]:
+    """Variables the spec marks public (released through a channel but with no privacy claimed)."""
+    return list(dict.fromkeys(a.column for a in assignments if a.public))
+
+
 def check_budget(spec: ReleaseSpec, assignments: list[Assignment]) -> None:
+    """The leakage guard (ε = ∞ only on variables marked public) and the per-release budget."""
+    from pram_lib.spec import LEAK_FIX, leak_problem
+
     spent = spent_by_variable(assignments)
     for col, eps in spent.items():
         if not math.isfinite(eps):
-            raise spec.error(spec.variable_loc(col), "this channel gives no privacy (ε = ∞: some released "
-                             "category rules out some true category)", col,
-                             "use a matrix without zeros, or channel pram-optimal / rr-uniform")
+            raise spec.error(spec.variable_loc(col), leak_problem(col), col, LEAK_FIX.format(col=col))
     total = sum(spent.values())
     if total > spec.budget + 1e-9:
         detail = ", ".join(f"{c}={e:.4g}" for c, e in spent.items())

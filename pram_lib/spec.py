@@ -75,6 +75,27 @@ class Clustering(_Strict):
         return self
 
 
+class PopulationSpec(_Strict):
+    """The people a release describes: releases that share `key` share one cumulative ε cap (the ledger)."""
+
+    key: str
+    cap: float = Field(gt=0, description="largest cumulative ε over every release of this population")
+
+    @field_validator("key")
+    @classmethod
+    def _key_slug(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
+            raise ValueError("population keys use letters, digits, '.', '_' and '-' only")
+        return v
+
+    @field_validator("cap")
+    @classmethod
+    def _cap_finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("cap must be a finite number > 0")
+        return v
+
+
 class SourceSpec(_Strict):
     path: str
     format: Literal["csv", "parquet"] | None = None
@@ -107,6 +128,7 @@ class VariableSpec(_Strict):
     min_diagonal: float | None = None
     prior: Prior = "data"
     strata: list[str] = Field(default_factory=list)
+    public: bool = False             # the variable is public information: a channel with ε = ∞ is accepted
     # continuous variables (gamma-noise, laplace-noise)
     protection: Protection | None = None
     theta: float | None = Field(default=None, gt=0, le=1)
@@ -225,6 +247,8 @@ class VariableSpec(_Strict):
                 raise ValueError(f"`{key}:` is for categorical channels, not {c}")
         if self.strata:
             raise ValueError(f"{c} does not support strata yet; drop `strata:`")
+        if self.public:
+            raise ValueError(f"{c} is not differential privacy and is reported as such already; drop `public:`")
         if "prior" in self.model_fields_set:
             raise ValueError(f"{c} has no prior; drop `prior:`")
         if c == "laplace-noise" and self.theta not in (None, 1.0):
@@ -267,7 +291,7 @@ class ReleaseSpec(_Strict):
     output: str = "releases"
     private_store: str = "private"
     budget: float = Field(gt=0)
-    population: str | None = None
+    population: PopulationSpec | None = None
     seed: int | None = None
     csv: bool = False
     passthrough: list[str] = Field(default_factory=list)
@@ -421,6 +445,10 @@ def check_spec(spec: ReleaseSpec) -> None:
         if v.channel == "pram-custom":
             _check_custom(spec, i, v)
     spent = static_budget(spec)
+    if spec.population is not None and spent > spec.population.cap + 1e-12:
+        raise spec.error(("population", "cap"), f"this release alone spends ε = {spent:.4g}, over the population's "
+                         "cap", spec.population.cap, "lower the variables' levels (the cap bounds every release "
+                         "of the population together)")
     if spent > spec.budget + 1e-12:
         parts = ", ".join(f"{v.key}={v.epsilon + v.dependence_epsilon if v.epsilon is not None else 'matrix'}"
                           for v in spec.variables if not v.is_noise)
@@ -449,6 +477,31 @@ def _check_custom(spec: ReleaseSpec, i: int, v: VariableSpec) -> None:
             raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) sums to "
                              f"{row.sum():.12g}, not 1", row.tolist(),
                              "each row is P(released | true) and must sum to 1")
+    from pram_lib.channel import dense_epsilon
+
+    if not v.public and math.isinf(dense_epsilon(m)):
+        raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
+
+
+LEAK_FIX = ("if {col!r} is public information, mark the variable `public: true` (it is then listed as unprotected "
+            "in the report and spends no ε); otherwise use a matrix with no zero in a column that has a positive "
+            "entry, or channel pram-optimal / rr-uniform")
+
+
+def leak_problem(column: str) -> str:
+    return (f"the channel of {column!r} gives no privacy (ε = ∞: some released category rules out some true "
+            "category, so records can be pinned down)")
+
+
+def ledger_bound(spec: ReleaseSpec) -> float:
+    """An upper bound on the ε this release will spend, known before any data is read.
+
+    `static_budget` when every DP variable's ε follows from the spec; an invariant-PRAM channel's ε
+    depends on the data, so then the spec's `budget:` (the chosen channels are refused above it).
+    """
+    if any(v.channel == "pram-invariant" and not v.public for v in spec.variables):
+        return float(spec.budget)
+    return static_budget(spec)
 
 
 def static_budget(spec: ReleaseSpec) -> float:
@@ -459,8 +512,8 @@ def static_budget(spec: ReleaseSpec) -> float:
 
     total = 0.0
     for v in spec.variables:
-        if v.is_noise:
-            continue  # not a differential-privacy channel: reported with its own measure
+        if v.is_noise or v.public:
+            continue  # noise: not DP, reported with its own measure; public: no privacy claimed
         total += v.prior_epsilon + v.dependence_epsilon
         if v.epsilon is not None:
             total += v.epsilon

@@ -267,8 +267,10 @@ def validate_table(released: pd.DataFrame, columns: dict, n_rows_expected: int,
         index = docs_dir / "index.html"
         if not index.is_file():
             raise RuntimeError(f"GX Data Docs were not written: {index} is missing")
-        out["artifacts"] = {"results": str(out_dir / "gx_results.json"), "suite": str(out_dir / "gx_suite.json"),
-                            "data_docs": str(index)}
+        # names relative to out_dir: this dict is published, and absolute paths would name the (staging)
+        # folder on the release server
+        out["artifacts"] = {"results": "gx_results.json", "suite": "gx_suite.json",
+                            "data_docs": index.relative_to(docs_dir.parent).as_posix()}
     return out
 
 

@@ -18,19 +18,43 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pram_lib import audit, publish, release
+from pram_lib import audit, journal, ledger, publish, release
 from pram_lib.gate import run_gate
-from pram_lib.spec import ReleaseSpec, load_spec
+from pram_lib.spec import ReleaseSpec, SpecError, load_spec
 
-PRIVATE = dict(cache_policy=NO_CACHE, persist_result=False)
+_JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journal (this process)
 
 
-@task(name="load-spec", retries=2, retry_delay_seconds=1, **PRIVATE)
+def _journal_step(task, task_run, state) -> None:
+    """on_running hook: the run's journal records the step it enters, so a kill can be traced to it."""
+    j = _JOURNALS.get(str(task_run.flow_run_id))
+    if j is not None and task.name not in BOOKKEEPING:
+        j.mark(task.name)
+
+
+BOOKKEEPING = ("audit", "settle-budget", "finish-run")  # not release steps: the journal keeps the step before
+
+
+def _transient(task, task_run, state) -> bool:
+    """Retry I/O trouble, not a bad spec or source (a SpecError will fail the same way again)."""
+    try:
+        state.result()
+    except SpecError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+PRIVATE = dict(cache_policy=NO_CACHE, persist_result=False, on_running=[_journal_step])
+
+
+@task(name="load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient, **PRIVATE)
 def load_spec_task(spec_path: str) -> ReleaseSpec:
     return load_spec(spec_path)
 
 
-@task(name="read-source", retries=2, retry_delay_seconds=2, **PRIVATE)
+@task(name="read-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient, **PRIVATE)
 def read_source_task(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
     df, digest = release.read_source(spec)
     get_run_logger().info("read %d rows x %d columns", len(df), df.shape[1])
@@ -82,7 +106,10 @@ def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.Da
 
 @task(name="stage-release", **PRIVATE)
 def stage_task(spec: ReleaseSpec) -> publish.Stage:
-    return publish.begin_release(spec)
+    j = _JOURNALS.get(_flow_run_id())
+    stage = publish.begin_release(spec, owner=j.data["run_id"] if j else None)
+    _mark("stage-release", stage_tmp=stage.tmp, stage_final=stage.final)
+    return stage
 
 
 @task(name="validate", **PRIVATE)
@@ -155,9 +182,58 @@ def internal_report_task(spec, assignments, profile, estimates, distributions, s
     return out
 
 
+@task(name="start-run", **PRIVATE)
+def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]:
+    """Recover runs on this private store that were killed (audited, staging removed, ledger settled);
+    then journal this run."""
+    store = spec.resolve(spec.private_store)
+    _JOURNALS[_flow_run_id()] = journal.RunJournal.open(store, run_id, release=spec.release,
+                                                        spec_path=str(Path(spec_path).resolve()),
+                                                        output=str(spec.resolve(spec.output)))
+    recovered = journal.recover(store, settle=lambda run, folder: ledger.settle_recovered(store, run, folder))
+    for entry in recovered:
+        get_run_logger().warning("recovered an interrupted run: %s", entry["error"])
+    return recovered
+
+
+@task(name="reserve-budget", **PRIVATE)
+def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
+    """The population's ε ledger: reserve this release's bound, or refuse it (before any data is read)."""
+    return ledger.reserve_for(spec, run_id)
+
+
+@task(name="settle-budget", **PRIVATE)
+def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
+    spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
+    ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
+
+
+@task(name="finish-run", **PRIVATE)
+def finish_run_task() -> None:
+    j = _JOURNALS.pop(_flow_run_id(), None)
+    if j is not None:
+        j.close()
+
+
+def _flow_run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id)
+
+
+def _mark(step: str, **fields) -> None:
+    j = _JOURNALS.get(_flow_run_id())
+    if j is not None:
+        j.mark(step, **fields)
+
+
 @task(name="audit", **PRIVATE)
 def audit_task(spec_path: str, event: str, fields: dict) -> dict:
     store = _private_store(spec_path)
+    j = _JOURNALS.get(_flow_run_id())
+    if j is not None and event != "release-published":
+        fields = {"failed_step": j.data.get("step"), **fields}
+        j.mark(j.data.get("step"), error=fields.get("error"))  # kept if this entry cannot be written
     return audit.AuditLog(store / "audit.jsonl").append(event, **fields)
 
 

@@ -68,3 +68,6 @@ def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
     assert state.is_completed(), state
     folders = list((repo / "releases").glob("adult-public-prior-*"))
     assert len(folders) == 1 and (folders[0] / "manifest.json").exists()
+    from pram_lib.ledger import Ledger  # the scheduled release recorded its ε against its population
+    (spend,) = Ledger(repo / "private" / "ledger.sqlite").history("adult-1994")
+    assert spend.status == "spent" and spend.folder == folders[0].name

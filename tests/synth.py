@@ -1,0 +1,59 @@
+"""Small synthetic sources and specs for the reliability tests (fast flows, exact expectations)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+SECRET_COLUMN = "ssn_private_x9q"          # in the source, never named by a spec: must never be published
+SECRET_VALUE_PREFIX = "SECRET-ID-"
+
+
+def make_source(path: Path, n: int = 400, seed: int = 7) -> pd.DataFrame:
+    """Three categorical columns, one numeric, and one source-only identifier column."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({
+        "colour": rng.choice(["red", "green", "blue"], size=n, p=[0.5, 0.3, 0.2]),
+        "size": rng.choice(["S", "M", "L", "XL"], size=n, p=[0.4, 0.3, 0.2, 0.1]),
+        "region": rng.choice(["north", "south"], size=n),
+        "score": np.round(rng.normal(50, 10, size=n), 1),
+        SECRET_COLUMN: [f"{SECRET_VALUE_PREFIX}{i:06d}" for i in range(n)],
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return df
+
+
+def spec_dict(folder: Path, release: str = "synth", source: str = "src.csv", population: dict | None = None,
+              noise: bool = False, **edits) -> dict:
+    spec = {
+        "release": release,
+        "source": {"path": source},
+        "output": str(folder / "releases"),
+        "private_store": str(folder / "private"),
+        "budget": 3.0,
+        "csv": True,
+        "passthrough": ["region"],
+        "variables": [
+            {"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
+            {"column": "size", "channel": "pram-optimal", "alpha": 1.0, "prior": "uniform"},
+        ],
+    }
+    if noise:
+        spec["variables"].append({"column": "score", "channel": "laplace-noise", "eta": 2.0})
+    if population is not None:
+        spec["population"] = population
+    spec.update(edits)
+    return spec
+
+
+def write_spec(folder: Path, name: str = "spec.yaml", **kw) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / kw.get("source", "src.csv")).exists():
+        make_source(folder / kw.get("source", "src.csv"))
+    p = folder / name
+    p.write_text(yaml.safe_dump(spec_dict(folder, **kw), sort_keys=False))
+    return p
