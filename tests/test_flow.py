@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
 
+DEMO_SEED = 0x5EED_2026_1122_0001_DEC0_DE00_C0FF_EE00
+
+
 def demo_spec(tmp_path: Path, **edits) -> Path:
     """specs/adult.yaml with its output and private store moved into tmp_path."""
     spec = yaml.safe_load((ROOT / "specs" / "adult.yaml").read_text())
@@ -37,7 +40,9 @@ def demo_release(prefect_server, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("demo")
     spec = demo_spec(tmp)
-    folder = Path(release_flow(str(spec)))
+    # A fixed 128-bit seed: the gate is a statistical test (level 0.001 per check), so an OS-entropy seed
+    # would refuse about 1 demo release in 100 by chance; the seed scan below still finds a unique string.
+    folder = Path(release_flow(str(spec), seed=DEMO_SEED))
     return {"folder": folder, "tmp": tmp, "spec": spec}
 
 
