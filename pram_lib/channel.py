@@ -27,19 +27,22 @@ def _frozen(a: np.ndarray | None) -> np.ndarray | None:
 def keep_uniform_epsilon(keep: np.ndarray) -> float:
     """Minimal ε of a family-(8) channel in O(S): log of the largest column ratio max_x M[x,z] / min_x M[x,z]."""
     q = np.asarray(keep, dtype=float)
-    s = q.size
-    if s < 2:
+    if q.size < 2:
         return 0.0
+    return _log_ratio(*keep_uniform_column_extremes(q))
+
+
+def keep_uniform_column_extremes(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """max_x M[x, z] and min_x M[x, z] for every column z of a family-(8) channel, in O(S)."""
+    s = q.size
     r = (1.0 - q) / (s - 1)
-    order = np.argsort(r)
+    order = np.argsort(r, kind="stable")
     lo1, lo2 = r[order[0]], r[order[1]]
     hi1, hi2 = r[order[-1]], r[order[-2]]
     idx = np.arange(s)
     r_min_other = np.where(idx == order[0], lo2, lo1)
     r_max_other = np.where(idx == order[-1], hi2, hi1)
-    col_max = np.maximum(q, r_max_other)
-    col_min = np.minimum(q, r_min_other)
-    return _log_ratio(col_max, col_min)
+    return np.maximum(q, r_max_other), np.minimum(q, r_min_other)
 
 
 def dense_epsilon(matrix: np.ndarray) -> float:

@@ -61,6 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import xlogy
 
+from pram_lib.channel import keep_uniform_column_extremes
+
 __all__ = [
     "VValues",
     "v_values",
@@ -161,16 +163,7 @@ def is_dp(q, alpha: float, rtol: float = 1e-12) -> bool:
     _check_S_alpha(S, alpha)
     if np.any(~np.isfinite(q)) or np.any(q < -1e-15) or np.any(q > 1 + 1e-15):
         return False
-    q = np.clip(q, 0.0, 1.0)
-    r = (1.0 - q) / (S - 1)
-    order = np.argsort(r, kind="stable")
-    lo1, lo2 = r[order[0]], r[order[1]]
-    hi1, hi2 = r[order[-1]], r[order[-2]]
-    idx = np.arange(S)
-    r_min_other = np.where(idx == order[0], lo2, lo1)
-    r_max_other = np.where(idx == order[-1], hi2, hi1)
-    col_max = np.maximum(q, r_max_other)
-    col_min = np.minimum(q, r_min_other)
+    col_max, col_min = keep_uniform_column_extremes(np.clip(q, 0.0, 1.0))
     live = col_max > 0
     return bool(np.all(col_max[live] <= math.exp(alpha) * (1.0 + rtol) * col_min[live]))
 
