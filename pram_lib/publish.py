@@ -208,12 +208,18 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -
         ax.set_title(f"{var}: estimated true distribution vs released frequencies")
         ax.axhline(0, color="black", linewidth=0.5)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"plots/{var}.png"
-        fig.savefig(stage.tmp / name, dpi=100, metadata={"Software": None})
-        plt.close(fig)
-        files.append(name)
+        files.append(_save_plot(stage, fig, var))
     return files
+
+
+def _save_plot(stage: Stage, fig, var: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    name = f"plots/{var}.png"
+    fig.savefig(stage.tmp / name, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return name
 
 
 def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame) -> list[str]:
@@ -248,11 +254,7 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
         a2.set_xlabel(label)
         a2.set_title(f"{var}: density")
         a2.legend(fontsize=7)
-        fig.tight_layout()
-        name = f"plots/{var}.png"
-        fig.savefig(stage.tmp / name, dpi=100, metadata={"Software": None})
-        plt.close(fig)
-        files.append(name)
+        files.append(_save_plot(stage, fig, var))
     return files
 
 

@@ -34,6 +34,12 @@ class SpecError(ValueError):
         super().__init__(msg)
 
 
+def _check_slug(v: str, problem: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
+        raise ValueError(problem)
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -84,9 +90,7 @@ class PopulationSpec(_Strict):
     @field_validator("key")
     @classmethod
     def _key_slug(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
-            raise ValueError("population keys use letters, digits, '.', '_' and '-' only")
-        return v
+        return _check_slug(v, "population keys use letters, digits, '.', '_' and '-' only")
 
     @field_validator("cap")
     @classmethod
@@ -305,9 +309,7 @@ class ReleaseSpec(_Strict):
     @field_validator("release")
     @classmethod
     def _slug(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
-            raise ValueError("release names use letters, digits, '.', '_' and '-' only (it names a folder)")
-        return v
+        return _check_slug(v, "release names use letters, digits, '.', '_' and '-' only (it names a folder)")
 
     # -- locations ----------------------------------------------------------------------------
     @property
