@@ -151,6 +151,36 @@ def write_data(stage: Stage, released: pd.DataFrame, csv: bool) -> list[str]:
     return files
 
 
+def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assignment], estimates: pd.DataFrame,
+                        distributions: tuple, validation: dict, n_rows: int, columns: list[str], started: str,
+                        values_for_plots: pd.DataFrame, processing: list[str] | None = None) -> tuple[str, pd.DataFrame]:
+    """Everything but the data: channels.json, estimates, plots, tables, validation summary, report.md.
+
+    Returns (report text, overall estimates). `values_for_plots`: released values of the continuous
+    variables (the whole table, or a uniform sample of it)."""
+    curves, summary, tables = distributions
+    (stage.tmp / "channels.json").write_text(json.dumps(channels_document(spec, assignments), indent=2) + "\n")
+    estimates.to_csv(stage.tmp / "estimates.csv", index=False)
+    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
+    plots = write_plots(stage, overall)
+    if not curves.empty:
+        curves.to_csv(stage.tmp / "distributions.csv", index=False)
+        summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
+        plots += write_noise_plots(stage, curves, values_for_plots)
+    if not tables.empty:
+        tables.to_csv(stage.tmp / "tables.csv", index=False)
+    public_validation = {"gx": validation["gx"],
+                         "statistical": [{"variable": s["variable"], "stratum": s["stratum"], "passed": s["passed"],
+                                          **({"check": s["check"]} if "check" in s else {})}
+                                         for s in validation["statistical"]]}
+    (stage.tmp / "validation").mkdir(exist_ok=True)
+    (stage.tmp / "validation" / "summary.json").write_text(json.dumps(public_validation, indent=2, default=str))
+    report = render_report(spec, assignments, overall, validation, n_rows, columns, started, plots, summary,
+                           processing)
+    (stage.tmp / "report.md").write_text(report)
+    return report, overall
+
+
 def aggregate_strata(estimates: pd.DataFrame) -> pd.DataFrame:
     """Per-variable totals over strata: p = Σ (n_s/n) p_s; variances add (independent strata)."""
     rows = []
@@ -267,7 +297,8 @@ def h_gamma(p: float, gamma: float) -> float:
 
 def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame,
                   validation: dict, n_rows: int, released_columns: list[str], started: str,
-                  plots: list[str], numeric_summary: pd.DataFrame | None = None) -> str:
+                  plots: list[str], numeric_summary: pd.DataFrame | None = None,
+                  processing: list[str] | None = None) -> str:
     spent = spent_by_variable(assignments)
     total = sum(spent.values())
     tvd = expected_tvd(overall) if not overall.empty else {}
@@ -285,6 +316,7 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
         f"- spec: `{spec.path.name}` (SHA-256 `{spec.sha256[:16]}…`)",
         f"- records released: {n_rows:,}; columns: {', '.join(f'`{c}`' for c in released_columns)}",
         "- columns of the source that the spec does not name were dropped.",
+        *(f"- {line}" for line in processing or []),
     ]
     if spec.passthrough:
         L.append(f"- **pass-through (released unchanged, no protection): "
@@ -458,7 +490,7 @@ def risk_measures(frame: pd.DataFrame, keys: list[str]) -> dict:
 
 
 def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,
-                    source: pd.DataFrame, released: pd.DataFrame, validation: dict,
+                    source: pd.DataFrame | None, released: pd.DataFrame | None, validation: dict,
                     curves: pd.DataFrame | None = None, numeric_summary: pd.DataFrame | None = None,
                     tables: pd.DataFrame | None = None) -> tuple[str, dict]:
     """Source-vs-estimate utility and disclosure risk; stays in the private store."""
@@ -490,7 +522,9 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
                      "mutual_information_true_p": mi, "interval_coverage": cover})
     keys = [c for v in spec.variables if not v.is_noise for c in v.names] + [c for c in spec.passthrough
                                                   if any(c in v.strata for v in spec.variables)]
-    risk = {"before": risk_measures(source, keys), "after": risk_measures(released, keys)}
+    none = {"keys": keys, "sample_uniques": "not computed (chunked release)", "k_anonymity": "—", "cells": "—"}
+    risk = {"before": risk_measures(source, keys) if source is not None else none,
+            "after": risk_measures(released, keys) if released is not None else none}
     L = [f"# INTERNAL report for `{spec.release}` (confidential: do not publish)", "",
          "## Utility kept (source vs estimate)", "",
          "| variable | TVD projected | TVD unbiased | TVD raw released | I(X;Z) at true p | 95% interval coverage |",
@@ -541,6 +575,8 @@ def group_utility(assignments: list[Assignment], profile: Profile, overall: pd.D
         if not a.is_group:
             continue
         ch, gp = a.channel, profile.groups[a.column]
+        if gp.codes is None:  # chunked release: the source's joint cells were never held
+            continue
         for j, attr in enumerate(ch.attributes):
             p = np.bincount(gp.codes[:, j], minlength=len(ch.categories[j])) / gp.codes.shape[0]
             g = overall[overall["variable"] == attr].set_index("category").reindex([str(c) for c in ch.categories[j]])

@@ -536,29 +536,37 @@ def estimate_release(released: pd.DataFrame, assignments: list[Assignment], prof
         if a.is_group:
             frames += group_marginals(released, a.channel, level)
             continue
-        counts = released_counts(released, a, profile)
-        row = {"variable": a.column, "stratum": a.stratum_label}
-        if counts.sum() == 0:
-            continue
-        est = a.channel.estimate(counts)
-        f = pd.DataFrame({
-            **row,
-            "category": [str(c) for c in a.channel.categories],
-            "released_count": counts if a.channel.n_outputs == a.channel.n_inputs else np.nan,
-            "released_share": counts / counts.sum() if a.channel.n_outputs == a.channel.n_inputs else np.nan,
-            "estimate": est.inversion,
-            "se": est.se,
-            "lower": est.lower,
-            "upper": est.upper,
-            "projected": est.projected,
-            "mle": est.mle,
-            "n": est.n,
-        })
-        frames.append(f)
+        f = estimate_frame(a, released_counts(released, a, profile))
+        if f is not None:
+            frames.append(f)
     if not frames:
-        return pd.DataFrame(columns=["variable", "stratum", "category", "released_count", "released_share",
-                                     "estimate", "se", "lower", "upper", "projected", "mle", "n"])
+        return pd.DataFrame(columns=ESTIMATE_COLUMNS)
     return pd.concat(frames, ignore_index=True)
+
+
+ESTIMATE_COLUMNS = ["variable", "stratum", "category", "released_count", "released_share", "estimate", "se",
+                    "lower", "upper", "projected", "mle", "n"]
+
+
+def estimate_frame(a: Assignment, counts: np.ndarray) -> pd.DataFrame | None:
+    """The estimates.csv rows of one variable in one stratum, from its released counts (None if empty)."""
+    counts = np.asarray(counts, dtype=float)
+    if counts.sum() == 0:
+        return None
+    est = a.channel.estimate(counts)
+    return pd.DataFrame({
+        "variable": a.column, "stratum": a.stratum_label,
+        "category": [str(c) for c in a.channel.categories],
+        "released_count": counts if a.channel.n_outputs == a.channel.n_inputs else np.nan,
+        "released_share": counts / counts.sum() if a.channel.n_outputs == a.channel.n_inputs else np.nan,
+        "estimate": est.inversion,
+        "se": est.se,
+        "lower": est.lower,
+        "upper": est.upper,
+        "projected": est.projected,
+        "mle": est.mle,
+        "n": est.n,
+    })
 
 
 def expected_tvd(estimates: pd.DataFrame) -> dict[str, float]:
@@ -570,20 +578,25 @@ def expected_tvd(estimates: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def group_marginals(released: pd.DataFrame, ch, level: float = 0.95) -> list[pd.DataFrame]:
+def group_marginals(released: pd.DataFrame | None, ch, level: float = 0.95,
+                    attribute_counts: list[np.ndarray] | None = None) -> list[pd.DataFrame]:
+    """Per attribute of a group: its estimated marginal, from the released table or its released counts."""
     from pram_lib.channels.multi_rr import estimate_marginal
 
-    z = group_codes(released, ch)
+    z = group_codes(released, ch) if attribute_counts is None else None
     out = []
     for j, attr in enumerate(ch.attributes):
-        e = estimate_marginal(ch, z, [attr], level)
-        counts = np.bincount(z[:, j], minlength=len(ch.categories[j])).astype(float)
+        if attribute_counts is None:
+            counts = np.bincount(z[:, j], minlength=len(ch.categories[j])).astype(float)
+        else:
+            counts = np.asarray(attribute_counts[j], dtype=float)
+        e = estimate_marginal(ch, z, [attr], level, counts=None if z is not None else counts)
         out.append(pd.DataFrame({
             "variable": attr, "stratum": "all", "category": [str(c) for c in ch.categories[j]],
             "released_count": counts, "released_share": counts / counts.sum(),
             "estimate": e["estimate"].to_numpy(), "se": e["se"].to_numpy(), "lower": e["lower"].to_numpy(),
             "upper": e["upper"].to_numpy(), "projected": e["projected"].to_numpy(), "mle": e["mle"].to_numpy(),
-            "n": float(z.shape[0]),
+            "n": float(counts.sum()),
         }))
     return out
 

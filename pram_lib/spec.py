@@ -288,6 +288,22 @@ class ValidationSpec(_Strict):
     level: float = Field(default=1e-3, gt=0, lt=0.5)
 
 
+class EngineSpec(_Strict):
+    """How the data are processed: all in memory, streamed in chunks on one core, or chunks mapped on Dask."""
+
+    mode: Literal["memory", "stream", "dask"] = "memory"
+    chunk_rows: int = Field(default=1_000_000, ge=1_000)   # rows per chunk (Parquet: whole row groups)
+    workers: int = Field(default=2, ge=1)                  # dask: processes of the local cluster
+    address: str | None = None                             # dask: an existing scheduler, tcp://host:8786
+    sample_rows: int = Field(default=200_000, ge=1_000)    # row sample for GX, noise choice, deconvolution
+
+    @model_validator(mode="after")
+    def _address_needs_dask(self) -> "EngineSpec":
+        if self.address is not None and self.mode != "dask":
+            raise ValueError("`address` is a Dask scheduler: set `mode: dask` or drop `address`")
+        return self
+
+
 class ReleaseSpec(_Strict):
     release: str
     description: str = ""
@@ -300,6 +316,7 @@ class ReleaseSpec(_Strict):
     csv: bool = False
     passthrough: list[str] = Field(default_factory=list)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
     variables: list[VariableSpec] = Field(min_length=1)
 
     _path: Path = PrivateAttr(default=Path("<spec>"))
@@ -446,6 +463,8 @@ def check_spec(spec: ReleaseSpec) -> None:
                                  f"add {s!r} to `passthrough:` (the report flags it)")
         if v.channel == "pram-custom":
             _check_custom(spec, i, v)
+    if spec.engine.mode != "memory":
+        _check_streamable(spec)
     spent = static_budget(spec)
     if spec.population is not None and spent > spec.population.cap + 1e-12:
         raise spec.error(("population", "cap"), f"this release alone spends ε = {spent:.4g}, over the population's "
@@ -457,6 +476,20 @@ def check_spec(spec: ReleaseSpec) -> None:
         raise spec.error(("budget",), f"the variables spend ε = {spent:.4g} in total (sequential composition: "
                          f"{parts}), over the budget", spec.budget,
                          "raise `budget:` or lower the variables' alpha/gamma")
+
+
+def _check_streamable(spec: ReleaseSpec) -> None:
+    """Chunked releases keep counts and samples, never the whole table: refuse what needs the whole table."""
+    for i, v in enumerate(spec.variables):
+        if v.is_group and v.adjust:
+            raise spec.error(("variables", i, "adjust"), "RR-Adjustment weights need the whole released table, "
+                             f"which engine mode {spec.engine.mode!r} never holds", True,
+                             "drop `adjust: true`, or use `engine: {mode: memory}`")
+        if v.is_group and v.clustering is not None and v.clustering.public is None:
+            raise spec.error(("variables", i, "clustering"), "measuring dependence on randomized data needs the "
+                             f"whole table, which engine mode {spec.engine.mode!r} never holds", None,
+                             "declare the clusters public (`clustering: {public: [[...], ...]}`), use "
+                             "rr-independent / rr-joint, or use `engine: {mode: memory}`")
 
 
 def _check_custom(spec: ReleaseSpec, i: int, v: VariableSpec) -> None:

@@ -18,7 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pram_lib import audit, journal, ledger, publish, release
+from pram_lib import audit, journal, ledger, publish, release, stream
 from pram_lib.gate import run_gate
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec
 
@@ -124,27 +124,36 @@ def validate_task(spec, profile, assignments, released, stage: publish.Stage) ->
 
 @task(name="publish", **PRIVATE)
 def publish_task(spec, stage, released, assignments, estimates, distributions, validation, n_rows, started) -> Path:
-    curves, summary, tables = distributions
     publish.write_data(stage, released, spec.csv)
-    (stage.tmp / "channels.json").write_text(
-        json.dumps(publish.channels_document(spec, assignments), indent=2) + "\n")
-    estimates.to_csv(stage.tmp / "estimates.csv", index=False)
-    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
-    plots = publish.write_plots(stage, overall)
-    if not curves.empty:
-        curves.to_csv(stage.tmp / "distributions.csv", index=False)
-        summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
-        plots += publish.write_noise_plots(stage, curves, released)
-    if not tables.empty:
-        tables.to_csv(stage.tmp / "tables.csv", index=False)
-    public_validation = {"gx": validation["gx"],
-                         "statistical": [{"variable": s["variable"], "stratum": s["stratum"], "passed": s["passed"]}
-                                         for s in validation["statistical"]]}
-    (stage.tmp / "validation" / "summary.json").write_text(json.dumps(public_validation, indent=2, default=str))
-    report = publish.render_report(spec, assignments, overall, validation, n_rows, list(released.columns),
-                                   started, plots, summary)
-    (stage.tmp / "report.md").write_text(report)
+    report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
+                                                  n_rows, list(released.columns), started, released)
     folder = publish.finish_release(stage)
+    _publish_artifacts(spec, assignments, report, overall, folder)
+    return folder
+
+
+@task(name="publish", **PRIVATE)
+def publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
+    """The data parts are already in the staging folder (written chunk by chunk)."""
+    processing = [f"processed in {len(totals.chunks)} chunks of at most {spec.engine.chunk_rows:,} rows "
+                  f"(engine `{plan.engine}`); data in `{stream.DATA_DIR}/part-*.parquet` (one table: "
+                  f"`pandas.read_parquet(folder / '{stream.DATA_DIR}')`)",
+                  "Great Expectations ran on a uniform sample of "
+                  f"{0 if totals.sample is None else len(totals.sample):,} released rows; row count, missing "
+                  "values, ranges and the channel tests are exact over every row"]
+    if any(a.is_noise for a in assignments):
+        processing.append("continuous variables: deconvolved curves from the row sample; mean and variance "
+                          "from every row")
+    columns = list(totals.sample.columns) if totals.sample is not None else []
+    report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
+                                                  totals.rows, columns, started, totals.sample, processing)
+    folder = publish.finish_release(stage)
+    _publish_artifacts(spec, assignments, report, overall, folder)
+    return folder
+
+
+def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) -> None:
+    """The report, a table of the variables and a link to the folder, in the Prefect UI."""
     key = _key(spec)
     create_markdown_artifact(key=f"{key}-report", markdown=report, description=f"Release report: {folder.name}")
     tvd = release.expected_tvd(overall)
@@ -165,7 +174,6 @@ def publish_task(spec, stage, released, assignments, estimates, distributions, v
                          "mutual_information": None, "estimated_tvd": None})
     create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
     create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
-    return folder
 
 
 @task(name="internal-report", **PRIVATE)
@@ -247,3 +255,139 @@ def _private_store(spec_path: str) -> Path:
 
 def _key(spec: ReleaseSpec) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in spec.release.lower())
+
+
+# -- chunked releases (engine stream | dask) ------------------------------------------------------------
+class Progress:
+    """A progress artifact in the UI and log lines on the terminal for one pass over the chunks."""
+
+    def __init__(self, spec: ReleaseSpec, step: str, total_rows: int | None):
+        import time
+
+        from prefect.artifacts import create_progress_artifact
+
+        self.step, self.total, self.rows, self.t0, self.last = step, total_rows, 0, time.perf_counter(), 0.0
+        self.id = create_progress_artifact(progress=0.0, key=f"{_key(spec)}-{step}-progress",
+                                           description=f"{spec.release}: {step} pass over the source")
+
+    def advance(self, rows: int, chunks_done: int, final: bool = False) -> None:
+        import time
+
+        from prefect.artifacts import update_progress_artifact
+
+        self.rows += rows
+        now = time.perf_counter()
+        if not final and now - self.last < 2.0:  # at most one update every 2 s
+            return
+        self.last = now
+        rate = self.rows / max(now - self.t0, 1e-9)
+        pct = 100.0 * self.rows / self.total if self.total else None
+        eta = f", about {(self.total - self.rows) / rate:.0f} s left" if self.total and rate > 0 else ""
+        update_progress_artifact(artifact_id=self.id, progress=100.0 if final else (pct or 0.0))
+        get_run_logger().info("%s: %d chunks, %s rows%s, %.2f M rows/s%s", self.step, chunks_done,
+                              f"{self.rows:,}", f" of {self.total:,} ({pct:.0f}%)" if pct is not None else "",
+                              rate / 1e6, eta)
+
+
+@task(name="open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient, **PRIVATE)
+def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
+    """Header check and SHA-256 of the source (no rows read); the Parquet chunk plan."""
+    stream.check_source(spec)
+    return release.file_sha256(spec.resolve(spec.source.path)), stream.plan_chunks(spec)
+
+
+@task(name="profile-pass", **PRIVATE)
+def profile_pass_task(spec: ReleaseSpec, seed: int, refs) -> stream.Sketch:
+    """Pass 1 on one core: every chunk in order."""
+    progress = Progress(spec, "profile", sum(r.rows for r in refs) if refs else None)
+    sketch, done = stream.Sketch(), 0
+    for ref, df in stream.iter_chunks(spec):
+        sketch = stream.merge_sketches(sketch, stream.profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
+        done += 1
+        progress.advance(len(df), done)
+    progress.advance(0, done, final=True)
+    return sketch
+
+
+@task(name="profile-chunk", **PRIVATE)
+def profile_chunk_task(spec: ReleaseSpec, chunk, index: int, seed: int) -> stream.Sketch:
+    df = stream.read_chunk(spec, chunk) if isinstance(chunk, stream.ChunkRef) else chunk
+    return stream.profile_chunk(spec, df, index, seed)
+
+
+@task(name="finish-profile", **PRIVATE)
+def finish_profile_task(spec: ReleaseSpec, sketch: stream.Sketch) -> release.Profile:
+    return stream.finish_profile(spec, sketch)
+
+
+@task(name="perturb-pass", **PRIVATE)
+def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
+    """Pass 2 on one core: perturb and write every chunk in order."""
+    progress = Progress(plan.spec, "perturb", plan.profile_rows)
+    totals = None
+    for ref, df in stream.iter_chunks(plan.spec):
+        part = stream.perturb_chunk(plan, df, ref.index)
+        totals = part if totals is None else stream.merge_results([totals, part])
+        progress.advance(len(df), len(totals.chunks))
+    progress.advance(0, len(totals.chunks), final=True)
+    return totals
+
+
+@task(name="perturb-chunk", **PRIVATE)
+def perturb_chunk_task(plan: stream.Plan, chunk, index: int) -> stream.ChunkResult:
+    df = stream.read_chunk(plan.spec, chunk) if isinstance(chunk, stream.ChunkRef) else chunk
+    return stream.perturb_chunk(plan, df, index)
+
+
+def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold, in_flight: int):
+    """Submit `task_(*args(chunk, index))` per chunk (Parquet: a ChunkRef the worker reads; CSV: the frame,
+    read here) with at most `in_flight` chunks outstanding; fold results as they finish."""
+    from prefect.futures import as_completed
+
+    progress = Progress(spec, step, total_rows)
+    chunks = ((r, r.index) for r in refs) if refs is not None else ((df, ref.index) for ref, df in stream.iter_chunks(spec))
+    pending, acc, done = [], None, 0
+
+    def take(fut):
+        nonlocal acc, done
+        part = fut.result()
+        acc = part if acc is None else fold(acc, part)
+        done += 1
+        progress.advance(part.rows, done)
+
+    for chunk, index in chunks:
+        pending.append(task_.submit(*args(chunk, index)))
+        if len(pending) >= in_flight:
+            fut = next(as_completed(pending))
+            pending.remove(fut)
+            take(fut)
+    for fut in as_completed(pending):
+        take(fut)
+    progress.advance(0, done, final=True)
+    return acc
+
+
+@task(name="source-unchanged", **PRIVATE)
+def source_unchanged_task(spec: ReleaseSpec, digest: str) -> None:
+    if release.file_sha256(spec.resolve(spec.source.path)) != digest:
+        raise spec.error(("source", "path"), "the source file changed while it was being read",
+                         str(spec.resolve(spec.source.path)), "rerun once the file is complete (write sources "
+                         "under a temporary name and rename them into place)")
+
+
+@task(name="estimate", **PRIVATE)
+def estimate_chunked_task(plan: stream.Plan, totals: stream.ChunkResult):
+    """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
+    estimates = publish.with_totals(stream.estimate_totals(plan, totals))
+    curves, summary = stream.continuous_totals(plan, totals)
+    return estimates, (curves, summary, stream.group_tables_totals(plan, totals))
+
+
+@task(name="validate", **PRIVATE)
+def validate_chunked_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
+    out = stage.tmp / "validation"
+    out.mkdir(exist_ok=True)
+    result = stream.run_gate_totals(spec, profile, plan, totals, out)
+    create_table_artifact(key=f"{_key(spec)}-gx", table=result["gx"]["rows"],
+                          description=f"Great Expectations results ({result['gx']['scope']})")
+    return result

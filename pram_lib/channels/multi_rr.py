@@ -898,15 +898,20 @@ def estimate_cluster(channel: GroupChannel, released_codes: np.ndarray, cluster_
 
 def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: Sequence[int | str],
                       level: float = 0.95, *, method: str = "unbiased", weights: np.ndarray | None = None,
-                      n_boot: int = 0, rng: np.random.Generator | None = None) -> pd.DataFrame:
+                      n_boot: int = 0, rng: np.random.Generator | None = None,
+                      counts: np.ndarray | None = None) -> pd.DataFrame:
     """Estimated joint distribution of the attributes ``attrs`` (any subset, in the order given).
+
+    ``counts`` (instead of ``released_codes``, which may then be None): the released counts of the cells
+    of ``attrs`` in row-major order (first attribute most significant), e.g. summed over chunks of a
+    release too large for memory. Not with method 'adjusted', which needs the records.
 
     Inside one cluster every ``method`` except 'adjusted' gives the exact marginal-channel estimate.
     Across clusters: 'unbiased' (Kronecker channel), 'independence' (the paper's product; assumes
     independence between clusters) or 'adjusted' (RR-Adjustment weights; ``weights`` or computed here;
     intervals by a record bootstrap with ``n_boot`` replicates, else NaN). See the module docstring.
     """
-    x = _released(channel, released_codes)
+    x = _released(channel, released_codes) if counts is None else None
     if isinstance(attrs, (str, int, np.integer)):
         attrs = [attrs]
     idx = [channel._index(a) for a in attrs]
@@ -919,7 +924,13 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
     groups: dict[int, list[int]] = {}
     for j in idx:
         groups.setdefault(channel.cluster_of(j), []).append(j)
-    meta = dict(level=level, n=x.shape[0], method=method)
+    if counts is not None:
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != (ktot,):
+            raise ValueError(f"counts must have shape ({ktot},) (the cells of {list(attrs)}), got {counts.shape}")
+        if method == "adjusted":
+            raise ValueError("method 'adjusted' needs the released records, not counts")
+    meta = dict(level=level, n=x.shape[0] if counts is None else int(counts.sum()), method=method)
     if method == "adjusted":
         return _frame(channel, idx, _adjusted(channel, x, idx, ktot, level, weights, n_boot, rng), **meta)
     if method not in ("unbiased", "independence"):
@@ -927,8 +938,8 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
     if len(groups) == 1:
         (ci, sub), = groups.items()
         k, keep = _sub_keep(channel, ci, sub)
-        counts = np.bincount(_cells(x, idx, channel.sizes), minlength=k)
-        est = _estimate_keep(k, keep, counts, level, "+".join(channel.attributes[j] for j in idx))
+        c = np.bincount(_cells(x, idx, channel.sizes), minlength=k) if counts is None else counts
+        est = _estimate_keep(k, keep, c, level, "+".join(channel.attributes[j] for j in idx))
         meta["method"] = "within-cluster"
         return _frame(channel, idx, est, **meta)
     cell_codes = np.array(np.unravel_index(np.arange(ktot), sizes))  # (len(idx), ktot)
@@ -945,8 +956,8 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
             mat *= np.where(same, keep, _move(k, keep))
         ch = Channel(variables=tuple(channel.attributes[j] for j in idx), categories=tuple(range(ktot)),
                      method="Kronecker product of cluster marginal channels", dense=mat)
-        counts = np.bincount(_cells(x, idx, channel.sizes), minlength=ktot)
-        e = estimate_distribution(ch, counts, level=level)
+        c = np.bincount(_cells(x, idx, channel.sizes), minlength=ktot) if counts is None else counts
+        e = estimate_distribution(ch, c, level=level)
         cols = {"estimate": np.array(e.inversion), "se": np.array(e.se), "lower": np.array(e.lower),
                 "upper": np.array(e.upper), "projected": np.array(e.projected), "mle": np.array(e.mle)}
         return _frame(channel, idx, cols, **meta)
@@ -954,8 +965,13 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
     parts = []
     for ci, sub in groups.items():
         k, keep = _sub_keep(channel, ci, sub)
-        counts = np.bincount(_cells(x, sub, channel.sizes), minlength=k)
-        e = _estimate_keep(k, keep, counts, level, "+".join(channel.attributes[j] for j in sub))
+        if counts is None:
+            c = np.bincount(_cells(x, sub, channel.sizes), minlength=k)
+        else:  # sum the idx-cell counts over the attributes outside `sub`
+            c = counts.reshape(sizes).sum(axis=tuple(t for t, j in enumerate(idx) if j not in sub))
+            order = [j for j in idx if j in sub]
+            c = np.transpose(c, [order.index(j) for j in sub]).reshape(-1)
+        e = _estimate_keep(k, keep, c, level, "+".join(channel.attributes[j] for j in sub))
         sub_sizes = [channel.sizes[j] for j in sub]
         where = np.ravel_multi_index(tuple(cell_codes[pos[j]] for j in sub), sub_sizes)
         parts.append({key: e[key][where] for key in ("estimate", "se", "projected", "mle")})

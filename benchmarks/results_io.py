@@ -1,0 +1,97 @@
+"""The common result format of the benchmark sections (read by ``python -m benchmarks.results_md``).
+
+Each section writes ``benchmarks/results/<name>.json``::
+
+    {"order": 2, "section": "Perturbation throughput", "columns": [...], "rows": [[...], ...], "notes": [...]}
+
+Cells are numbers, strings, booleans or null; :func:`markdown_table` renders them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_time(fn: Callable[[], Any], reps: int = 3) -> float:
+    """Median wall time (s) of ``reps`` calls of ``fn``."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sig(x: float, digits: int = 3) -> float:
+    """``x`` rounded to ``digits`` significant digits (for the JSON cells)."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+
+
+def cell_text(v: Any) -> str:
+    """One table cell as text: ints with thousands separators, floats to 4 significant digits."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; numeric columns are right-aligned."""
+    def numeric(j: int) -> bool:
+        vals = [r[j] for r in rows if j < len(r) and r[j] is not None and r[j] != ""]
+        return bool(vals) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+
+    align = ["---:" if numeric(j) else "---" for j in range(len(columns))]
+    lines = ["| " + " | ".join(cell_text(c) for c in columns) + " |", "| " + " | ".join(align) + " |"]
+    for r in rows:
+        cells = [cell_text(v) for v in r] + [""] * (len(columns) - len(r))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as text."""
+    try:
+        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:  # pragma: no cover
+        return "n/a"
+
+
+def measured_note() -> str:
+    """A note saying when the section was measured and how loaded the machine was."""
+    return (f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load average (1/5/15 min) at the end "
+            f"of the run {load_average()} on {os.cpu_count()} logical CPUs.")
+
+
+def write_section(name: str, order: int, section: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                  notes: Sequence[str]) -> Path:
+    """Write ``results/<name>.json`` and print the section as a markdown table with its notes."""
+    doc = {"order": int(order), "section": section, "columns": list(columns),
+           "rows": [list(r) for r in rows], "notes": list(notes)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    print(f"\n## {order}. {section}\n")
+    print(markdown_table(columns, rows))
+    print()
+    for note in notes:
+        print(f"- {note}")
+    print(f"\nwritten to {path}", flush=True)
+    return path
