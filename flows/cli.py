@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        folder = release_flow(str(Path(args.spec).resolve()), seed=args.seed)
+        folder = release_flow(str(Path(args.spec).resolve()), seed=args.seed, engine=args.engine)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="run the release flow for SPEC and print the release folder")
     p.add_argument("spec")
     p.add_argument("--seed", type=int, default=None, help="fix the seed (tests, reproductions); default OS entropy")
+    p.add_argument("--engine", choices=["memory", "stream", "dask"], default=None,
+                   help="override the spec's engine.mode: all in memory, chunks on one core, or chunks on Dask")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")

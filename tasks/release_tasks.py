@@ -135,6 +135,7 @@ def publish_task(spec, stage, released, assignments, estimates, distributions, v
 @task(name="publish", **PRIVATE)
 def publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
     """The data parts are already in the staging folder (written chunk by chunk)."""
+    assignments = list(plan.assignments)
     processing = [f"processed in {len(totals.chunks)} chunks of at most {spec.engine.chunk_rows:,} rows "
                   f"(engine `{plan.engine}`); data in `{stream.DATA_DIR}/part-*.parquet` (one table: "
                   f"`pandas.read_parquet(folder / '{stream.DATA_DIR}')`)",
