@@ -13,14 +13,16 @@ Section 2 of benchmarks/RESULTS.md (benchmarks/results/bench_perturb.json), one 
   ``pip install --target .bench-site --no-deps -r requirements-bench.txt``; rows say so if they are missing.
 
 The raw RNG cost is the time to draw the uniforms the kernel needs (one double per value) with the same
-Generator: ``rng.random(out=buf)`` over n values, into a reused buffer of CHUNK doubles (what the kernels do)
-or into one preallocated n-sized buffer, whichever is faster (the stricter limit).
+Generator: ``rng.random(out=buf)`` over n values into a reused buffer of CHUNK doubles (what the kernels do;
+faster than one n-sized buffer, so the stricter limit), timed alternately with each kernel on the same n.
+Gamma noise is compared with ``rng.standard_gamma(theta, out=buf)`` instead.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 import sys
 import types
 from pathlib import Path
@@ -36,7 +38,8 @@ from pram_lib.perturb import CHUNK, sample_dense, sample_keep_uniform
 
 N = 10**7  # values per timed call of our kernels
 N_PEER = 10**5  # values per timed call of the per-value peer clients
-REPS = 3
+REPS = 5  # paired kernel/raw timings
+CHOICE_REPS = 3  # the Generator.choice baseline (slow: ~8 s per call at S = 1000)
 K_RR, EPS_RR = 10, 1.0
 FLOOR_RATIO_KEEP = 0.5  # issue 6: family (8) >= 50% of the raw RNG throughput
 FLOOR_KEEP = 20e6
@@ -47,16 +50,35 @@ BENCH_SITE = Path(__file__).resolve().parent.parent / ".bench-site"
 KEEP_TOL_SE = 5.0  # keep-frequency check: |observed - e^eps/(e^eps+k-1)| <= 5 standard errors
 
 
-def raw_uniform_rates(rng: np.random.Generator, n: int) -> tuple[float, float]:
-    """Uniforms per second drawn (a) in CHUNK-sized pieces into a reused buffer, (b) into one n-sized buffer."""
-    small = np.empty(CHUNK)
-    full = np.empty(n)
+def uniform_draws(rng: np.random.Generator, n: int):
+    """The raw RNG cost of n values: n uniform doubles drawn into a reused CHUNK-sized buffer."""
+    buf = np.empty(CHUNK)
 
-    def chunked():
+    def draw():
         for lo in range(0, n, CHUNK):
-            rng.random(out=small[: min(CHUNK, n - lo)])
+            rng.random(out=buf[: min(CHUNK, n - lo)])
 
-    return n / median_time(chunked, REPS), n / median_time(lambda: rng.random(out=full), REPS)
+    return draw
+
+
+def gamma_draws(rng: np.random.Generator, n: int, theta: float):
+    """The raw RNG cost of n gamma-noise values: n standard-gamma variates into a reused CHUNK-sized buffer."""
+    buf = np.empty(CHUNK)
+
+    def draw():
+        for lo in range(0, n, CHUNK):
+            rng.standard_gamma(theta, out=buf[: min(CHUNK, n - lo)])
+
+    return draw
+
+
+def paired_times(kernel, raw, reps: int = REPS) -> tuple[float, float]:
+    """Median times of ``kernel`` and ``raw``, timed alternately (so load drifts hit both alike)."""
+    tk, tr = [], []
+    for _ in range(reps):
+        tr.append(median_time(raw, 1))
+        tk.append(median_time(kernel, 1))
+    return statistics.median(tk), statistics.median(tr)
 
 
 def choice_baseline(codes, matrix, rng):
@@ -120,57 +142,62 @@ def load_peers() -> tuple[dict, list[str]]:
 def main() -> None:
     rng = np.random.default_rng(20240601)
     random.seed(20240601)  # pure-LDP draws from Python's random module
-    chunked, full = raw_uniform_rates(rng, N)
-    raw = max(chunked, full)
-    raw_name = "the CHUNK-sized reused buffer" if chunked >= full else "one n-sized buffer"
-    print(f"raw uniforms: {chunked / 1e6:.1f} M/s chunked, {full / 1e6:.1f} M/s into one n-sized buffer", flush=True)
+    full_buf = np.empty(N)
+    t_chunked = median_time(uniform_draws(rng, N), REPS)
+    t_full = median_time(lambda: rng.random(out=full_buf), REPS)
+    del full_buf
+    print(f"raw uniforms: {N / t_chunked / 1e6:.1f} M/s into a reused {CHUNK}-double buffer, "
+          f"{N / t_full / 1e6:.1f} M/s into one n-sized buffer", flush=True)
     columns = ["case", "n", "M values/s", "raw RNG M/s", "/ raw RNG", "floor", "verdict", "comparison"]
     rows = []
 
-    def add(case, n, seconds, raw_rate, floor="", verdict="", comparison=""):
-        rate = n / seconds
-        rows.append([case, n, sig(rate / 1e6), sig(raw_rate / 1e6), round(rate / raw_rate, 3), floor, verdict,
-                     comparison])
-        print(f"{case}: {rate / 1e6:.2f} M/s ({rate / raw_rate:.3f} of raw)", flush=True)
-        return rate
+    def add(case, n, kernel, raw=None, floor=None, comparison=""):
+        """Time ``kernel`` on n values paired with its raw RNG cost; append the row; return (rate, ratio)."""
+        t, t_raw = paired_times(kernel, raw or uniform_draws(rng, n))
+        rate, ratio = n / t, t_raw / t
+        verdict = "" if floor is None else ("PASS" if floor[1](rate, ratio) else "FAIL")
+        rows.append([case, n, sig(rate / 1e6), sig(n / t_raw / 1e6), round(ratio, 3),
+                     "" if floor is None else floor[0], verdict, comparison])
+        print(f"{case}: {rate / 1e6:.2f} M/s, {ratio:.3f} of raw {verdict}", flush=True)
+        return rate, ratio, t
 
     # family (8) and the dense alias kernel, against per-category Generator.choice
     keep_ratios = []
+    keep_floor = (f">= {FLOOR_RATIO_KEEP} x raw and >= {FLOOR_KEEP / 1e6:.0f} M/s",
+                  lambda rate, ratio: ratio >= FLOOR_RATIO_KEEP and rate >= FLOOR_KEEP)
     for s in (10, 1000):
         q = rng.uniform(0.05, 0.9, s)
         codes = rng.integers(0, s, N)
-        t = median_time(lambda: sample_keep_uniform(codes, q, rng), REPS)
-        t_choice = median_time(lambda: choice_baseline(codes, keep_matrix(q), rng), REPS)
-        ok = N / t >= FLOOR_RATIO_KEEP * raw and N / t >= FLOOR_KEEP
-        keep_ratios.append(N / t / raw)
-        add(f"family (8) S={s}: sample_keep_uniform", N, t, raw, f">= {FLOOR_RATIO_KEEP} x raw and >= 20 M/s",
-            "PASS" if ok else "FAIL", f"{t_choice / t:.1f}x faster than Generator.choice per category")
+        t_choice = median_time(lambda: choice_baseline(codes, keep_matrix(q), rng), CHOICE_REPS)
+        _, ratio, t = add(f"family (8) S={s}: sample_keep_uniform", N,
+                          lambda: sample_keep_uniform(codes, q, rng), floor=keep_floor)
+        rows[-1][-1] = f"{t_choice / t:.1f}x faster than Generator.choice per category"
+        keep_ratios.append(ratio)
     m = rng.dirichlet(np.ones(10), size=10)
     m[rng.random((10, 10)) < 0.3] = 0.0
     m[:, 0] += 0.01
     m /= m.sum(axis=1, keepdims=True)
     codes = rng.integers(0, 10, N)
-    t = median_time(lambda: sample_dense(codes, m, rng), REPS)
-    t_choice = median_time(lambda: choice_baseline(codes, m, rng), REPS)
-    add("dense 10x10 with zeros: sample_dense (alias)", N, t, raw, ">= 5 M/s",
-        "PASS" if N / t >= FLOOR_DENSE else "FAIL", f"{t_choice / t:.1f}x faster than Generator.choice per category")
+    t_choice = median_time(lambda: choice_baseline(codes, m, rng), CHOICE_REPS)
+    _, _, t = add("dense 10x10 with zeros: sample_dense (alias)", N, lambda: sample_dense(codes, m, rng),
+                  floor=(f">= {FLOOR_DENSE / 1e6:.0f} M/s", lambda rate, ratio: rate >= FLOOR_DENSE))
+    rows[-1][-1] = f"{t_choice / t:.1f}x faster than Generator.choice per category"
 
     # k-RR: ours at N and at the peers' n, then the peers
     ch = uniform_rr(K_RR, math.exp(EPS_RR))
     codes = rng.integers(0, K_RR, N)
-    t = median_time(lambda: ch.perturb_codes(codes, rng), REPS)
     ours_check = krr_check(codes, ch.perturb_codes(codes, rng))
-    add(f"uniform RR k={K_RR}, eps={EPS_RR:g}: uniform_rr().perturb_codes", N, t, raw)
+    add(f"uniform RR k={K_RR}, eps={EPS_RR:g}: uniform_rr().perturb_codes", N, lambda: ch.perturb_codes(codes, rng))
     small = codes[:N_PEER].copy()
-    t_small = median_time(lambda: ch.perturb_codes(small, rng), 7)
-    ours_small = add(f"uniform RR k={K_RR}, eps={EPS_RR:g}: ours at the peers' n", N_PEER, t_small, raw)
+    ours_small, _, _ = add(f"uniform RR k={K_RR}, eps={EPS_RR:g}: ours at the peers' n", N_PEER,
+                           lambda: ch.perturb_codes(small, rng))
     peers, problems = load_peers()
     checks = {"ours": ours_check}
     xs = small.tolist()
     for name, fn in peers.items():
-        tp = median_time(lambda: fn(xs), REPS)
         checks[name.split(" ")[0]] = krr_check(small, np.asarray(fn(xs)))
-        add(name, N_PEER, tp, raw, comparison=f"ours {ours_small * tp / N_PEER:,.0f}x faster (same n)")
+        rate, _, _ = add(name, N_PEER, lambda: fn(xs))
+        rows[-1][-1] = f"ours {ours_small / rate:,.0f}x faster (same n)"
     for name in ("pure-LDP", "multi-freq-ldpy"):
         if not any(k.startswith(name) for k in peers):
             rows.append([f"{name}: not run", N_PEER, None, None, None, "", "", "see notes"])
@@ -179,35 +206,37 @@ def main() -> None:
     cats = {f"a{j}": list(range(k)) for j, k in enumerate(GROUP_SIZES)}
     group = mr.rr_joint(cats, GROUP_EPS)
     gcodes = np.column_stack([rng.integers(0, k, N) for k in GROUP_SIZES])
-    t = median_time(lambda: mr.perturb_group(group, gcodes, rng), REPS)
     add(f"group: rr_joint on 3 attributes ({' x '.join(map(str, GROUP_SIZES))} = {group.cluster_sizes[0]:,} cells), "
-        f"perturb_group (records)", N, t, raw)
+        "perturb_group (records)", N, lambda: mr.perturb_group(group, gcodes, rng))
+    del gcodes
 
     # gamma noise: its raw cost is the gamma variates themselves
     noise = fixed_gamma_noise(GAMMA_THETA, GAMMA_ETA)
     values = rng.normal(40.0, 12.0, N)
-    buf = np.empty(N)
-    raw_gamma = N / median_time(lambda: rng.standard_gamma(GAMMA_THETA, out=buf), REPS)
-    t = median_time(lambda: noise.perturb(values, rng), REPS)
-    add(f"gamma noise theta={GAMMA_THETA:g}, eta={GAMMA_ETA:g}: NoiseChannel.perturb", N, t, raw_gamma,
+    add(f"gamma noise theta={GAMMA_THETA:g}, eta={GAMMA_ETA:g}: NoiseChannel.perturb", N,
+        lambda: noise.perturb(values, rng), raw=gamma_draws(rng, N, GAMMA_THETA),
         comparison="raw RNG here = rng.standard_gamma(theta, out=buf)")
 
     p_keep = math.exp(EPS_RR) / (math.exp(EPS_RR) + K_RR - 1)
     check_text = "; ".join(f"{k} {v[0]:.4f} ({'ok' if v[2] else 'OUT OF TOLERANCE'}, moves' offsets uniform: "
                            f"chi-square p = {v[3]:.2g})" for k, v in checks.items())
     notes = [
-        f"One process, one core; each case is the median of {REPS} timed calls on n values "
-        f"(codes uniform on the categories), including the call's own set-up (tables, validation).",
+        f"One process, one core; each case is the median of {REPS} timed calls on n values (codes uniform on the "
+        f"categories; the Generator.choice baseline: {CHOICE_REPS} calls), including the call's own set-up (tables, "
+        "validation).",
         f"raw RNG = the cost of drawing the uniform doubles the kernel needs (one per value; one per record for the "
-        f"group, whose single cluster needs one) with the same Generator (PCG64): rng.random(out=buf) over n values. "
-        f"Measured both into a reused {CHUNK}-double buffer ({chunked / 1e6:.1f} M/s, what the kernels do) and into one "
-        f"preallocated n-sized buffer ({full / 1e6:.1f} M/s); the faster ({raw_name}) is the limit used, so the "
-        "ratios are the stricter ones. For gamma noise the raw cost is rng.standard_gamma(theta, out=buf) for n values "
-        "(the signs, scaling and addition excluded).",
+        f"group, whose single cluster needs one) with the same Generator (PCG64): rng.random(out=buf) over n values "
+        f"into a reused {CHUNK}-double buffer (the kernels draw in chunks of that size), timed alternately with the "
+        f"kernel on the same n (median of {REPS} pairs), so a change of machine load hits both. Into one preallocated "
+        f"n-sized buffer the draws ran at {N / t_full / 1e6:.1f} M/s against {N / t_chunked / 1e6:.1f} M/s chunked "
+        f"(n = {N:,}), so the chunked figure is the {'stricter' if t_chunked <= t_full else 'more lenient'} limit. "
+        "For gamma noise the raw cost is rng.standard_gamma(theta, out=buf) for n values (signs, scale, addition "
+        "excluded). The kernels also read n int64 codes and write a fresh n-sized int64 output (page faults "
+        "included); the raw draws do neither.",
         f"Issue-6 floor, family (8) >= {FLOOR_RATIO_KEEP} x raw RNG throughput: S=10 {keep_ratios[0]:.3f}, "
         f"S=1000 {keep_ratios[1]:.3f} -> {'PASS' if min(keep_ratios) >= FLOOR_RATIO_KEEP else 'FAIL'}. "
-        f"Against one n-sized buffer the ratios would be {keep_ratios[0] * raw / full:.3f} and "
-        f"{keep_ratios[1] * raw / full:.3f}.",
+        f"Against one n-sized buffer the ratios would be about {keep_ratios[0] * t_full / t_chunked:.3f} and "
+        f"{keep_ratios[1] * t_full / t_chunked:.3f}.",
         f"k-RR task: k = {K_RR}, eps = {EPS_RR:g} for all three clients (ours: uniform_rr(k, gamma = e^eps), keep "
         f"e^eps/(e^eps+k-1) = {p_keep:.4f}; pure-LDP DEClient(epsilon, d) and multi-freq-ldpy GRR_Client(x, k, epsilon) "
         "compute the same p). The peers are per-value Python calls, so they are timed on n = "

@@ -401,18 +401,27 @@ class ChunkResult:
 
 
 def _stratum_index(plan: Plan, v, df: pd.DataFrame) -> np.ndarray:
-    from pram_lib.release import stratify
-
+    """Row -> global stratum number, by factorising each stratum column (codes of a categorical are free)."""
     if not v.strata:
         return np.zeros(len(df), dtype=np.int64)
-    labels, local = stratify(df, list(v.strata))
+    combined = np.zeros(len(df), dtype=np.int64)
+    labels: list[list] = []
+    for c in v.strata:
+        codes, uniques = pd.factorize(df[c], use_na_sentinel=True)
+        values = [_key(u) for u in uniques] + [None]
+        combined = combined * len(values) + np.where(codes < 0, len(values) - 1, codes)
+        labels.append(values)
+    sizes = [len(x) for x in labels]
     glob = plan.strata[v.column]
-    unknown = [lab for lab in labels if lab not in glob]
-    if unknown:
-        raise plan.spec.error(("source", "path"), f"stratum {unknown[0]} of {v.column!r} appeared after the "
-                              "profile pass: the source changed while it was read", plan.spec.source.path,
-                              "rerun once the file is complete")
-    return np.array([glob[lab] for lab in labels], dtype=np.int64)[local]
+    lut = np.full(int(np.prod(sizes)), -1, dtype=np.int64)
+    for cell in np.flatnonzero(np.bincount(combined, minlength=lut.size)):
+        key = tuple(labels[t][i] for t, i in enumerate(np.unravel_index(cell, sizes)))
+        if key not in glob:
+            raise plan.spec.error(("source", "path"), f"stratum {key} of {v.column!r} appeared after the profile "
+                                  "pass: the source changed while it was read", plan.spec.source.path,
+                                  "rerun once the file is complete")
+        lut[cell] = glob[key]
+    return lut[combined]
 
 
 def _group_codes(v, cats: list[list[str]], df: pd.DataFrame) -> np.ndarray:

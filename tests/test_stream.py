@@ -1,0 +1,244 @@
+"""Chunked releases (pram_lib.stream): two passes with bounded memory, keyed randomness per chunk.
+
+Numbers asserted come from the maths: exact counts (the chunked profile must equal the in-memory one),
+closed-form keep probabilities with binomial tolerances, power sums against numpy's moments.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from benchmarks.census import write_census, write_spec
+from pram_lib import release, stream
+from pram_lib.spec import SpecError, load_spec
+
+ROWS = 60_000
+CHUNK = 20_000
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("census")
+    return write_census(d / "census.parquet", ROWS, row_group=CHUNK // 2, seed=3)
+
+
+def _spec(tmp_path: Path, source: Path, **kw) -> object:
+    kw.setdefault("chunk_rows", CHUNK)
+    return load_spec(write_spec(tmp_path / "spec.yaml", source, tmp_path / "rel", tmp_path / "priv", rows=ROWS,
+                                seed=99, **kw))
+
+
+def _passes(spec, seed: int = 99, order=None, out_dir=None):
+    chunks = list(stream.iter_chunks(spec))
+    sk = stream.Sketch()
+    for ref, df in chunks:
+        sk = stream.merge_sketches(sk, stream.profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
+    profile = stream.finish_profile(spec, sk)
+    assignments = release.choose_channels(spec, profile, seed)
+    plan = stream.make_plan(spec, profile, assignments, seed, out_dir)
+    order = order or range(len(chunks))
+    parts = [stream.perturb_chunk(plan, chunks[k][1], chunks[k][0].index) for k in order]
+    return profile, plan, stream.merge_results(parts)
+
+
+def test_parquet_chunks_are_whole_row_groups(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    refs = stream.plan_chunks(spec)
+    assert [r.rows for r in refs] == [CHUNK] * (ROWS // CHUNK)
+    assert [r.row_groups for r in refs] == [(0, 1), (2, 3), (4, 5)]
+
+
+def test_chunked_profile_equals_in_memory_profile(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    chunked = stream.finish_profile(spec, _sketch(spec))
+    whole, _ = release.read_source(spec)
+    full = release.profile_source(whole, spec)
+    assert chunked.n_rows == full.n_rows == ROWS
+    for col, vp in full.variables.items():
+        cp = chunked.variables[col]
+        assert cp.categories == vp.categories and cp.strata == vp.strata
+        for key in vp.strata:
+            np.testing.assert_array_equal(cp.counts[key], vp.counts[key])
+            assert cp.missing[key] == vp.missing[key]
+    assert chunked.passthrough["sex"]["missing"] == 0
+
+
+def _sketch(spec, seed=99):
+    sk = stream.Sketch()
+    for ref, df in stream.iter_chunks(spec):
+        sk = stream.merge_sketches(sk, stream.profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
+    return sk
+
+
+def test_numeric_sketch_is_a_uniform_sample_of_the_right_size(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    sample = stream.finish_profile(spec, _sketch(spec)).numeric["hours"].values
+    k = min(spec.engine.sample_rows, ROWS)
+    assert sample.size == k
+    hours = pq.read_table(census, columns=["hours"]).column(0).to_numpy()
+    # a uniform sample of k of n values: its mean is within 4 standard errors of the population mean
+    se = hours.std() / math.sqrt(k) * math.sqrt(1 - k / ROWS) if k < ROWS else 0.0
+    assert abs(sample.mean() - hours.mean()) <= 4 * se + 1e-9
+
+
+def test_result_does_not_depend_on_chunk_order(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    _, _, forward = _passes(spec, out_dir=tmp_path / "a")
+    _, _, backward = _passes(spec, order=[2, 0, 1], out_dir=tmp_path / "b")
+    for col, counts in forward.released_counts.items():
+        np.testing.assert_array_equal(counts, backward.released_counts[col])
+    pd.testing.assert_frame_equal(forward.sample, backward.sample)
+    for k in range(3):
+        name = f"data/part-{k:05d}.parquet"
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_parts_form_one_table_with_every_row(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    _, plan, totals = _passes(spec, out_dir=tmp_path / "out")
+    table = pd.read_parquet(tmp_path / "out" / "data")
+    assert len(table) == ROWS == totals.rows
+    assert list(table.columns) == ["age_group", "education", "occupation", "marital_status", "region", "hours",
+                                   "sex"]
+    src = pq.read_table(census, columns=["sex"]).column(0).to_pandas().astype(str)
+    # the pass-through column is released unchanged and in the source's row order
+    assert (table["sex"].astype(str).to_numpy() == src.to_numpy()).all()
+
+
+def test_uniform_rr_keep_rate_matches_closed_form(tmp_path, census):
+    """rr-uniform with γ keeps the true value with probability γ/(γ+k-1) (Chai–Nayak P0)."""
+    spec = _spec(tmp_path, census)
+    _, _, _ = _passes(spec, out_dir=tmp_path / "out")
+    released = pd.read_parquet(tmp_path / "out" / "data", columns=["region", "marital_status"])
+    source = pq.read_table(census, columns=["region", "marital_status"]).to_pandas()
+    for col, gamma, k in (("region", 8.0, 40), ("marital_status", 4.0, 6)):
+        kept = (released[col].astype(str).to_numpy() == source[col].astype(str).to_numpy()).mean()
+        p = gamma / (gamma + k - 1)
+        assert abs(kept - p) <= 4 * math.sqrt(p * (1 - p) / ROWS), (col, kept, p)
+
+
+def test_estimates_cover_the_truth(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    profile, plan, totals = _passes(spec)
+    est = stream.estimate_totals(plan, totals)
+    inside, total = 0, 0
+    for col, vp in profile.variables.items():
+        truth = sum(vp.counts.values())
+        truth = truth / truth.sum()
+        g = est[(est["variable"] == col) & (est["stratum"] == "all")].set_index("category").reindex(vp.categories)
+        if g["estimate"].isna().all():
+            continue
+        inside += int(((g["lower"] <= truth) & (truth <= g["upper"])).sum())
+        total += len(truth)
+    # 95% intervals: coverage of many cells stays above 85% (binomial tolerance for ~100 cells)
+    assert total >= 80 and inside / total >= 0.85
+
+
+def test_moments_from_power_sums_equal_numpy():
+    rng = np.random.default_rng(0)
+    z = rng.gamma(3.0, 2.0, 10_001)
+    z[::97] = np.nan
+    parts = [stream.Moments.of(c, 5.5) for c in np.array_split(z, 7)]
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    mean, m2, m4 = total.central()
+    live = z[~np.isnan(z)]
+    assert total.n == live.size
+    assert mean == pytest.approx(live.mean(), rel=1e-12)
+    assert m2 == pytest.approx(live.var(ddof=1), rel=1e-10)
+    assert m4 == pytest.approx(np.mean((live - live.mean()) ** 4), rel=1e-9)
+
+
+def test_gate_passes_and_catches_a_wrong_channel(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    profile, plan, totals = _passes(spec)
+    good = stream.run_gate_totals(spec, profile, plan, totals, None)
+    assert good["passed"], good["message"]
+    assert good["gx"]["scope"].startswith("uniform sample of")
+    # released counts of a variable replaced by its source counts: not what the channel produces
+    totals.released_counts["region"] = totals.source_counts["region"].copy()
+    bad = stream.run_gate_totals(spec, profile, plan, totals, None)
+    assert not bad["passed"] and "region" in bad["message"]
+
+
+def test_csv_and_parquet_sources_give_the_same_release(tmp_path, census):
+    """Chunks of the same rows get the same keyed streams, whatever the file format."""
+    csv = tmp_path / "census.csv"
+    pd.read_parquet(census).to_csv(csv, index=False)
+    _, _, a = _passes(_spec(tmp_path, census), out_dir=tmp_path / "p")
+    (tmp_path / "c").mkdir()
+    _, _, b = _passes(_spec(tmp_path / "c", csv), out_dir=tmp_path / "c" / "out")
+    for col in a.released_counts:
+        np.testing.assert_array_equal(a.released_counts[col], b.released_counts[col])
+    x = pd.read_parquet(tmp_path / "p" / "data").astype(str)
+    y = pd.read_parquet(tmp_path / "c" / "out" / "data").astype(str)
+    pd.testing.assert_frame_equal(x.drop(columns="hours"), y.drop(columns="hours"))
+
+
+def test_group_counts_give_the_in_memory_estimates(tmp_path, census):
+    """A group released in chunks: marginal and 2-way estimates from summed counts equal those computed
+    from the released records."""
+    from pram_lib.channels.multi_rr import estimate_table
+
+    path = tmp_path / "g.yaml"
+    path.write_text(f"""release: g
+source: {{path: {census}}}
+budget: 5
+seed: 4
+engine: {{mode: stream, chunk_rows: {CHUNK}}}
+variables:
+  - columns: [marital_status, region, education]
+    channel: rr-clusters
+    alpha: 3.0
+    clustering: {{public: [[marital_status, region], [education]]}}
+""")
+    spec = load_spec(path)
+    _, plan, totals = _passes(spec, out_dir=tmp_path / "out")
+    a = plan.assignments[0]
+    released = pd.read_parquet(tmp_path / "out" / "data")
+    z = release.group_codes(released, a.channel)
+    for (i, j), counts in totals.pair_counts[a.column].items():
+        ai, aj = a.channel.attributes[i], a.channel.attributes[j]
+        want = estimate_table(a.channel, z, ai, aj)
+        got = estimate_table(a.channel, None, ai, aj, counts=counts)
+        np.testing.assert_allclose(got["estimate"], want["estimate"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(got["se"], want["se"], rtol=1e-12, atol=1e-15)
+    marg = stream.estimate_totals(plan, totals)
+    mem = pd.concat(release.group_marginals(released, a.channel))
+    np.testing.assert_allclose(marg["estimate"].to_numpy(), mem["estimate"].to_numpy(), rtol=1e-12)
+    gate = stream.run_gate_totals(spec, stream.finish_profile(spec, _sketch(spec, 4)), plan, totals, None)
+    assert gate["passed"], gate["message"]
+
+
+def test_chunked_engine_refuses_what_needs_the_whole_table(tmp_path, census):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"""release: g
+source: {{path: {census}}}
+budget: 5
+engine: {{mode: dask}}
+variables:
+  - columns: [marital_status, region]
+    channel: rr-independent
+    alpha: 2.0
+    adjust: true
+""")
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    msg = str(e.value)
+    assert "bad.yaml:9" in msg and "variables[0].adjust" in msg and "engine" in msg
+
+
+def test_stratum_appearing_after_the_profile_is_refused(tmp_path, census):
+    spec = _spec(tmp_path, census)
+    profile, plan, _ = _passes(spec)
+    df = next(stream.iter_chunks(spec))[1]
+    df["sex"] = df["sex"].astype(str).replace({"F": "X"})
+    with pytest.raises(SpecError, match="appeared after the profile pass"):
+        stream.perturb_chunk(plan, df, 0)
