@@ -25,6 +25,7 @@ import random
 import statistics
 import sys
 import types
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ FLOOR_DENSE = 5e6
 GROUP_SIZES, GROUP_EPS = (9, 16, 7), 3.0
 GAMMA_THETA, GAMMA_ETA = 0.5, 1.0
 BENCH_SITE = Path(__file__).resolve().parent.parent / ".bench-site"
+INSTALL_HINT = "install: .venv/bin/python -m pip install --target .bench-site --no-deps -r requirements-bench.txt"
 KEEP_TOL_SE = 5.0  # keep-frequency check: |observed - e^eps/(e^eps+k-1)| <= 5 standard errors
 
 
@@ -125,17 +127,18 @@ def load_peers() -> tuple[dict, list[str]]:
         from pure_ldp.frequency_oracles.direct_encoding import DEClient
 
         client = DEClient(epsilon=EPS_RR, d=K_RR, index_mapper=lambda v: v)  # codes are already 0..k-1
-        peers["pure-LDP 1.2.0 DEClient.privatise (k-RR)"] = lambda xs: [client.privatise(v) for v in xs]
+        peers[f"pure-LDP {metadata.version('pure-ldp')} DEClient.privatise (k-RR)"] = \
+            lambda xs: [client.privatise(v) for v in xs]
     except Exception as exc:  # noqa: BLE001 - reported, not hidden
-        problems.append(f"pure-LDP could not run: {type(exc).__name__}: {exc}")
+        problems.append(f"pure-LDP could not run: {type(exc).__name__}: {exc} ({INSTALL_HINT})")
     try:
         from multi_freq_ldpy.pure_frequency_oracles.GRR import GRR_Client
 
         GRR_Client(0, K_RR, EPS_RR)  # numba compiles on the first call (~5 s): not timed
-        peers["multi-freq-ldpy 0.2.5 GRR_Client (k-RR, numba)"] = lambda xs: [GRR_Client(v, K_RR, EPS_RR)
-                                                                              for v in xs]
+        peers[f"multi-freq-ldpy {metadata.version('multi-freq-ldpy')} GRR_Client (k-RR, numba "
+              f"{metadata.version('numba')})"] = lambda xs: [GRR_Client(v, K_RR, EPS_RR) for v in xs]
     except Exception as exc:  # noqa: BLE001
-        problems.append(f"multi-freq-ldpy could not run: {type(exc).__name__}: {exc}")
+        problems.append(f"multi-freq-ldpy could not run: {type(exc).__name__}: {exc} ({INSTALL_HINT})")
     return peers, problems
 
 
