@@ -25,14 +25,26 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     try:
         spec = load_spec(args.spec)
-        source, digest = release.read_source(spec)
-        profile = release.profile_source(source, spec)
-        assignments = release.choose_channels(spec, profile, secrets.randbits(128))
+        seed = secrets.randbits(128)
+        if spec.engine.mode == "memory":
+            source, digest = release.read_source(spec)
+            profile = release.profile_source(source, spec)
+        else:  # a source larger than memory: the profile pass in chunks, as the release would do it
+            from pram_lib import stream
+
+            stream.check_source(spec)
+            digest = release.file_sha256(spec.resolve(spec.source.path))
+            sketch = stream.Sketch()
+            for ref, df in stream.iter_chunks(spec):
+                sketch = stream.merge_sketches(sketch, stream.profile_chunk(spec, df, ref.index, seed),
+                                               spec.engine.sample_rows)
+            profile = stream.finish_profile(spec, sketch)
+        assignments = release.choose_channels(spec, profile, seed)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"spec {spec.path} OK: release '{spec.release}', source {len(source):,} rows "
-          f"(sha256 {digest[:12]}…)")
+    print(f"spec {spec.path} OK: release '{spec.release}', source {profile.n_rows:,} rows "
+          f"(sha256 {digest[:12]}…), engine {spec.engine.mode}")
     print(f"{'variable':<18} {'stratum':<22} {'S':>5} {'epsilon':>8} {'gamma':>8} {'MI nats':>9}  method")
     for a in assignments:
         c = a.channel
