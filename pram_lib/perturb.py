@@ -55,23 +55,26 @@ def _check_range(x: np.ndarray, k: int) -> None:
 # family (8): keep x w.p. q_x, else uniform over the other S-1 categories
 # --------------------------------------------------------------------------------------------
 def keep_uniform_tables(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-category (threshold, scale) with one trailing entry for MISSING (reached by code -1).
+    """Per-category (threshold q_x, scale a_x) packed as one complex table (one gather fetches both), with a
+    trailing entry for MISSING (reached by code -1), and the wrap table that maps x + f to the output.
 
-    For a live x: t = (u - q_x) * scale_x with scale_x = (S-1) / (1-q_x); t < 0 iff u < q_x (keep), and
-    for u >= q_x, floor(t) is uniform on 0..S-2. Rows with q_x >= 1 get scale 1 (t = u - q_x < 0 always);
-    the MISSING entry has threshold 2 (u - 2 < -1: always "keep", and keeping -1 gives -1).
+    For a live x: t = (u - q_x) * a_x with a_x = (S-1) / (1-q_x); t < 0 iff u < q_x (keep), and for
+    u >= q_x, f = floor(t) is uniform on 0..S-2. With f clipped to [-1, S-2], the output is
+    wrap[x + f] = (x + f + 1) mod S (f = -1 keeps x). Rows with q_x >= 1 get a_x = 1 (t < 0 always). The
+    MISSING entry has q = 2 (f = -1), and wrap[-2] = MISSING; wrap[-1] = 0 serves x = 0 kept.
     """
     q = np.asarray(keep, dtype=float)
     s = q.size
-    thr = np.empty(s + 1)
-    scale = np.empty(s + 1)
-    thr[:s] = q
+    qa = np.empty(s + 1, dtype=np.complex128)
     with np.errstate(divide="ignore"):
-        sc = (s - 1) / (1.0 - q)
-    scale[:s] = np.where(q >= 1.0, 1.0, sc)
-    thr[s] = 2.0
-    scale[s] = 1.0
-    return thr, scale
+        qa.imag[:s] = np.where(q >= 1.0, 1.0, (s - 1) / (1.0 - q))
+    qa.real[:s] = q
+    qa[s] = 2.0 + 1.0j
+    wrap = np.empty(2 * s, dtype=np.int64)
+    wrap[: 2 * s - 2] = (np.arange(2 * s - 2) + 1) % s
+    wrap[2 * s - 2] = MISSING
+    wrap[2 * s - 1] = 0
+    return qa, wrap
 
 
 def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -79,7 +82,8 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
 
     One uniform draw per value decides both: U < q keeps; otherwise t = (U - q)(S-1)/(1 - q) is uniform on
     [0, S-1) and K = floor(t) + 1 is uniform on 1..S-1; Z = (x + K) mod S. Written branch-free as
-    K = clip(floor(t), -1, S-2) + 1 (K = 0 means keep), Z = x + K - S [x + K >= S].
+    f = clip(floor(t), -1, S-2), Z = wrap[x + f] (a lookup table for (x + f + 1) mod S): nine passes
+    over a cache-sized chunk, one of them the uniform draws.
     """
     codes = _as_codes(codes)
     keep = np.asarray(keep, dtype=float)
@@ -90,35 +94,30 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
     if s < 2:  # a single category: nothing to move to
         np.copyto(out, codes, casting="unsafe")
         return out
-    thr, scale = keep_uniform_tables(keep)
+    qa, wrap = keep_uniform_tables(keep)
     flat_in = codes.reshape(-1)
     flat_out = out.reshape(-1)
     n = flat_in.size
     c = min(CHUNK, n)
     u = np.empty(c)
-    t = np.empty(c)
+    g = np.empty(c, dtype=np.complex128)
     x = np.empty(c, dtype=np.intp)
-    k = np.empty(c, dtype=np.int64)
-    wrap = np.empty(c, dtype=bool)
+    k = np.empty(c, dtype=np.intp)
     for lo in range(0, n, c):
         hi = min(lo + c, n)
         w = hi - lo
-        uu, tt, xx, kk, ww = u[:w], t[:w], x[:w], k[:w], wrap[:w]
+        uu, gg, xx, kk = u[:w], g[:w], x[:w], k[:w]
         np.copyto(xx, flat_in[lo:hi], casting="unsafe")
         _check_range(xx, s)
         rng.random(out=uu)
-        np.take(thr, xx, out=tt)
-        np.subtract(uu, tt, out=uu)  # exact sign: u - q < 0 iff u < q
-        np.take(scale, xx, out=tt)
-        np.multiply(uu, tt, out=tt)  # scale >= 1, so a negative product cannot underflow to -0
-        np.floor(tt, out=tt)
-        np.clip(tt, -1.0, s - 2.0, out=tt)
-        np.copyto(kk, tt, casting="unsafe")  # integral floats -> exact ints
+        np.take(qa, xx, out=gg)
+        np.subtract(uu, gg.real, out=uu)  # exact sign: u - q < 0 iff u < q
+        np.multiply(uu, gg.imag, out=uu)  # a >= 1, so a negative product cannot underflow to -0
+        np.floor(uu, out=uu)
+        np.clip(uu, -1.0, s - 2.0, out=uu)
+        np.copyto(kk, uu, casting="unsafe")  # integral floats -> exact ints
         kk += xx
-        kk += 1
-        np.greater_equal(kk, s, out=ww)
-        np.multiply(ww, s, out=flat_out[lo:hi], casting="unsafe")
-        np.subtract(kk, flat_out[lo:hi], out=flat_out[lo:hi])
+        np.take(wrap, kk, out=flat_out[lo:hi])
     return out
 
 
