@@ -43,7 +43,6 @@ def release_flow(spec_path: str, seed: int | None = None, engine: str | None = N
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         steps = _in_memory if engine == "memory" else _in_chunks
         folder = steps(spec, run_id, seed, engine, started, record, state)
-        settle_budget_task(spec, run_id, state["assignments"], folder)
         manifest_sha = publish.sha256_of(folder / "manifest.json")
         audit_task(spec_path, "release-published", {**record, "folder": folder.name, "manifest_sha256": manifest_sha,
                                                      "finished": utc_now()})
@@ -84,6 +83,7 @@ def _in_memory(spec, run_id, seed, engine, started, record, state) -> Path:
     _gate(record, validation, assignments)
     folder = publish_task(spec, stage, released, assignments, estimates, distributions, validation,
                           len(source), started)
+    settle_budget_task(spec, run_id, assignments, folder)
     internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
                          folder.name)
     return folder
@@ -103,6 +103,7 @@ def _in_chunks(spec, run_id, seed, engine, started, record, state) -> Path:
     validation = validate_chunked_task(spec, profile, plan, totals, stage)
     _gate(record, validation, assignments)
     folder = publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation, started)
+    settle_budget_task(spec, run_id, assignments, folder)
     internal_report_task(spec, assignments, profile, estimates, distributions, None, None, validation, folder.name)
     return folder
 
