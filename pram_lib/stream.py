@@ -85,6 +85,17 @@ def check_source(spec: ReleaseSpec) -> None:
     _check_columns(spec, header)
 
 
+def check_unchanged(spec: ReleaseSpec, digest: str) -> None:
+    """The source still has the SHA-256 it had before the first pass (else it changed while being read)."""
+    from pram_lib.release import file_sha256
+
+    path = spec.resolve(spec.source.path)
+    if file_sha256(path) != digest:
+        raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
+                         "rerun once the file is complete (write sources under a temporary name and rename them "
+                         "into place)")
+
+
 def _categorical_columns(spec: ReleaseSpec) -> set[str]:
     return {c for v in spec.variables if not v.is_noise for c in v.names}
 

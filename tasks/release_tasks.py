@@ -26,8 +26,13 @@ _JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journa
 
 
 def _journal_step(task, task_run, state) -> None:
-    """on_running hook: the run's journal records the step it enters, so a kill can be traced to it."""
+    """on_running hook: the run's journal records the step it enters, so a kill can be traced to it.
+    Tasks of a subflow (the chunked passes) write to the journal of the release run above it."""
     j = _JOURNALS.get(str(task_run.flow_run_id))
+    if j is None:
+        from prefect.runtime import flow_run
+
+        j = _JOURNALS.get(str(flow_run.root_flow_run_id))
     if j is not None and task.name not in BOOKKEEPING:
         j.mark(task.name)
 
@@ -344,7 +349,11 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     """Submit `task_(*args(chunk, index))` per chunk (Parquet: a ChunkRef the worker reads; CSV: the frame,
     read here) with at most `in_flight` chunks outstanding; fold results as they finish."""
     from prefect.futures import as_completed
+    from prefect.runtime import flow_run
 
+    j = _JOURNALS.get(str(flow_run.root_flow_run_id))
+    if j is not None:  # the chunks run on workers, where no journal is open: the run records the step
+        j.mark(task_.name)
     progress = Progress(spec, step, total_rows)
     chunks = ((r, r.index) for r in refs) if refs is not None else ((df, ref.index) for ref, df in stream.iter_chunks(spec))
     pending, acc, done = [], None, 0
@@ -370,10 +379,7 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
 
 @task(name="source-unchanged", **PRIVATE)
 def source_unchanged_task(spec: ReleaseSpec, digest: str) -> None:
-    if release.file_sha256(spec.resolve(spec.source.path)) != digest:
-        raise spec.error(("source", "path"), "the source file changed while it was being read",
-                         str(spec.resolve(spec.source.path)), "rerun once the file is complete (write sources "
-                         "under a temporary name and rename them into place)")
+    stream.check_unchanged(spec, digest)
 
 
 @task(name="estimate", **PRIVATE)

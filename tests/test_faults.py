@@ -47,7 +47,20 @@ STEPS = [
     ("publish", "pram_lib.ledger:settle_for", "before", ("kill",)),                   # ledger after publication
     ("internal-report", "pram_lib.publish:internal_report", "before", ("kill", "raise")),
     ("internal-report", "pram_lib.audit:AuditLog.append", "before", ("kill", "raise")),  # the audit entry itself
+    # chunked release (engine stream): the steps of the two passes; a part written, then the kill
+    ("open-source", "pram_lib.stream:check_source", "before", ("kill",), "stream"),
+    ("profile-pass", "pram_lib.stream:profile_chunk", "before", ("kill",), "stream"),
+    ("finish-profile", "pram_lib.stream:finish_profile", "before", ("kill",), "stream"),
+    ("perturb-pass", "pram_lib.stream:perturb_chunk", "after", ("kill", "raise"), "stream"),
+    ("source-unchanged", "pram_lib.stream:check_unchanged", "before", ("kill",), "stream"),
+    ("estimate", "pram_lib.stream:estimate_totals", "before", ("kill",), "stream"),
+    ("validate", "pram_lib.stream:run_gate_totals", "before", ("kill",), "stream"),
+    ("publish", "pram_lib.publish:write_release_files", "after", ("kill", "raise"), "stream"),
+    ("publish", "pram_lib.publish:finish_release", "after", ("kill",), "stream"),
 ]
+# Tasks mapped over chunks on Dask workers: a fault there is a worker's, not the run's (Dask reruns a chunk
+# whose worker died); a failing chunk is tested in test_scale_flow (a bad value in one chunk).
+WORKER_TASKS = {"profile-chunk", "perturb-chunk"}
 PUBLISHED_BEFORE_FAULT = {"pram_lib.publish:finish_release/after", "pram_lib.ledger:settle_for/before",
                           "pram_lib.publish:internal_report/before", "pram_lib.audit:AuditLog.append/before"}
 DISK_FULL = [  # (name, case fields)
@@ -62,17 +75,21 @@ DISK_FULL = [  # (name, case fields)
 def _cases(base: Path) -> list[dict]:
     cases = []
 
-    def add(name: str, **fields) -> None:
+    def add(name: str, engine: dict | None = None, **fields) -> None:
         folder = base / f"case{len(cases):02d}"
-        spec = synth.write_spec(folder, population={"key": "synth-faults", "cap": 1000.0})
+        spec = synth.write_spec(folder, population={"key": "synth-faults", "cap": 1000.0},
+                                **({"engine": engine} if engine else {}))
         cases.append({"name": name, "folder": str(folder), "spec": str(spec), "source": str(folder / "src.csv"),
                       **fields})
 
     for kind in ("raise", "kill"):
-        for step, target, when, kinds in STEPS:
+        for step, target, when, kinds, *engine in STEPS:
             if kind in kinds:
                 extra = {"fault_seed": None} if step == "draw-seed" else {}  # reach secrets.randbits
-                add(f"{kind} {target} ({when})", kind=kind, target=target, when=when, step=step, **extra)
+                if engine:
+                    extra["engine"] = {"mode": engine[0], "chunk_rows": 1000}
+                add(f"{kind} {target} ({when}){' ' + engine[0] if engine else ''}", kind=kind, target=target,
+                    when=when, step=step, **extra)
     for name, fields in DISK_FULL:
         add(f"disk full: {name}", step="publish", **fields)
     add("source changes while read", kind="source-change", target="pandas:read_csv", step="read-source")
@@ -180,6 +197,6 @@ def test_each_step_of_the_flow_is_covered(faults):
     """Every task the flow runs (but the bookkeeping ones) has a fault case; kills hit every step."""
     import tasks.release_tasks as t
 
-    names = {getattr(t, n).name for n in dir(t) if n.endswith("_task")} - set(t.BOOKKEEPING)
+    names = {getattr(t, n).name for n in dir(t) if n.endswith("_task")} - set(t.BOOKKEEPING) - WORKER_TASKS
     hit = {c["step"] for c in faults.values() if c["kind"] == "kill"}
     assert names <= hit, sorted(names - hit)
