@@ -33,6 +33,9 @@ class SpecError(ValueError):
             msg += f". Fix: {fix}"
         super().__init__(msg)
 
+    def __reduce__(self):  # crosses process boundaries whole (raised on a Dask worker, re-raised by the flow)
+        return (SpecError, (self.file, self.line, self.column, self.field, self.problem, self.found, self.fix))
+
 
 def _check_slug(v: str, problem: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):

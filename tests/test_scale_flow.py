@@ -88,3 +88,32 @@ def test_progress_artifacts_reach_the_ui(releases, prefect_server):
     assert arts, "no progress artifact"
     assert all(a.type == "progress" for a in arts)
     assert max(float(a.data) for a in arts) == 100.0
+
+
+def test_a_bad_chunk_on_a_dask_worker_fails_the_release_cleanly(releases):
+    """An infinite value in the third chunk: the worker's error reaches the run whole (file, line, field,
+    fix), nothing is published, and the audit names the step (profile-chunk)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flows.release import release_flow
+    from pram_lib.spec import SpecError
+
+    tmp = releases["tmp"] / "bad"
+    tmp.mkdir()
+    table = pq.read_table(releases["source"])
+    hours = table.column("hours").to_numpy().copy()
+    hours[45_123] = float("inf")
+    bad = tmp / "census.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("hours"), "hours", pa.array(hours)), bad,
+                   row_group_size=10_000)
+    spec = write_spec(tmp / "census.yaml", bad, tmp / "releases", tmp / "private", rows=ROWS, chunk_rows=20_000,
+                      workers=2, tag="bad")
+    with pytest.raises(SpecError) as err:
+        release_flow(str(spec), seed=SEED, engine="dask")
+    assert "census.yaml:" in str(err.value) and "variables[5].column" in str(err.value)
+    assert "1 values are infinite" in str(err.value) and "Fix:" in str(err.value)
+    assert not (tmp / "releases").exists() or not any((tmp / "releases").iterdir())
+    entries = [json.loads(x) for x in (tmp / "private" / "audit.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in entries] == ["release-failed"]
+    assert entries[0]["failed_step"] == "profile-chunk"
