@@ -10,10 +10,11 @@ RR_RUNS ?= 50
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml pram_lib/_fastpath.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pram_lib.fastpath    # the C kernel for family-(8) perturbation (cc; optional at run time)
 	touch $(STAMP)
 
 test: $(STAMP)

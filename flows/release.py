@@ -12,8 +12,8 @@ from pram_lib import __version__, publish, stream
 from pram_lib.audit import utc_now
 from tasks.release_tasks import (audit_task, choose_channels_task, distributions_task, estimate_chunked_task,
                                  estimate_task, finish_profile_task, finish_run_task, internal_report_task,
-                                 load_spec_task, map_fold, open_source_task, perturb_chunk_task, perturb_pass_task,
-                                 perturb_task, profile_chunk_task, profile_pass_task, profile_task,
+                                 load_spec_task, map_fold, open_source_task, perturb_chunks_task, perturb_pass_task,
+                                 perturb_task, profile_chunks_task, profile_pass_task, profile_task,
                                  publish_chunked_task, publish_task, read_source_task, reserve_budget_task,
                                  seed_task, settle_budget_task, source_unchanged_task, stage_task, start_run_task,
                                  validate_chunked_task, validate_task)
@@ -111,21 +111,20 @@ def _in_chunks(spec, run_id, seed, engine, started, record, state) -> Path:
 @flow(name="release-chunks", log_prints=True)
 def chunk_passes_flow(spec, seed: int, stage_dir: str, engine: str):
     """Pass 1 (profile), channel choice, pass 2 (perturb, write parts): the part of a chunked release that
-    reads the source. On Dask every chunk is a task; a chunk's randomness is keyed by its index."""
+    reads the source. On Dask runs of chunks are tasks; a chunk's randomness is keyed by its index."""
     source_sha, refs = open_source_task(spec)
     rows = sum(r.rows for r in refs) if refs else None
-    in_flight = 2 * max(spec.engine.workers, 1)
     if engine == "dask":
-        sketch = map_fold(spec, "profile", profile_chunk_task, lambda c, i: (spec, c, i, seed), refs, rows,
-                          lambda a, b: stream.merge_sketches(a, b, spec.engine.sample_rows), in_flight)
+        sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: (spec, chunks, seed), refs, rows,
+                          lambda a, b: stream.merge_sketches(a, b, spec.engine.sample_rows))
     else:
         sketch = profile_pass_task(spec, seed, refs)
     profile = finish_profile_task(spec, sketch)
     assignments = choose_channels_task(spec, profile, seed)
     plan = stream.make_plan(spec, profile, assignments, seed, Path(stage_dir), engine)
     if engine == "dask":
-        totals = map_fold(spec, "perturb", perturb_chunk_task, lambda c, i: (plan, c, i), refs, profile.n_rows,
-                          lambda a, b: stream.merge_results([a, b]), in_flight)
+        totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: (plan, chunks), refs,
+                          profile.n_rows, lambda a, b: stream.merge_results([a, b]))
     else:
         totals = perturb_pass_task(plan)
     source_unchanged_task(spec, source_sha)

@@ -82,8 +82,9 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
 
     One uniform draw per value decides both: U < q keeps; otherwise t = (U - q)(S-1)/(1 - q) is uniform on
     [0, S-1) and K = floor(t) + 1 is uniform on 1..S-1; Z = (x + K) mod S. Written branch-free as
-    f = clip(floor(t), -1, S-2), Z = wrap[x + f] (a lookup table for (x + f + 1) mod S): nine passes
-    over a cache-sized chunk, one of them the uniform draws.
+    f = clip(floor(t), -1, S-2), Z = wrap[x + f] (a lookup table for (x + f + 1) mod S): nine numpy
+    passes over a cache-sized chunk, one of them the uniform draws; or, when pram_lib/_fastpath.so is built
+    and `rng` is a numpy Generator, one pass in C with the same draws and arithmetic (identical output).
     """
     codes = _as_codes(codes)
     keep = np.asarray(keep, dtype=float)
@@ -95,6 +96,14 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
         np.copyto(out, codes, casting="unsafe")
         return out
     qa, wrap = keep_uniform_tables(keep)
+    if isinstance(rng, np.random.Generator):  # the C kernel: same draws, same arithmetic, one pass
+        from pram_lib import fastpath
+
+        fast = fastpath.sample_keep_uniform(codes, np.concatenate([qa.real[s:], qa.real[:s]]),
+                                            np.concatenate([qa.imag[s:], qa.imag[:s]]),
+                                            np.concatenate([wrap[-2:], wrap[:-2]]), s, rng)
+        if fast is not None:
+            return fast
     flat_in = codes.reshape(-1)
     flat_out = out.reshape(-1)
     n = flat_in.size

@@ -153,6 +153,18 @@ def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def load(spec: ReleaseSpec, chunk: "ChunkRef | pd.DataFrame") -> pd.DataFrame:
+    """A chunk's rows: read from Parquet by its reference, or already read (CSV chunks shipped to a worker)."""
+    return read_chunk(spec, chunk) if isinstance(chunk, ChunkRef) else chunk
+
+
+def batches(refs: list[ChunkRef], parts: int) -> list[list[ChunkRef]]:
+    """Consecutive runs of chunks, `parts` of them at most (one task each: fewer task runs, same result)."""
+    parts = max(1, min(parts, len(refs)))
+    bounds = np.linspace(0, len(refs), parts + 1).round().astype(int)
+    return [refs[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
 # -- pass 1: profile ------------------------------------------------------------------------------
 @dataclass
 class NumericSketch:
@@ -217,6 +229,15 @@ def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, chunk: int, seed: int) ->
             info.update(min=float(s.min()), max=float(s.max()))
         sk.passthrough[c] = info
     return sk
+
+
+def profile_batch(spec: ReleaseSpec, chunks: list[tuple[int, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
+    """Pass 1 on a run of chunks, one after the other (what a worker does with its share)."""
+    out = None
+    for index, chunk in chunks:
+        sk = profile_chunk(spec, load(spec, chunk), index, seed)
+        out = sk if out is None else merge_sketches(out, sk, spec.engine.sample_rows)
+    return out
 
 
 def merge_sketches(a: Sketch, b: Sketch, sample_rows: int) -> Sketch:
@@ -514,6 +535,11 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, chunk: int) -> ChunkResult:
     for col, x in sources.items():
         res.noise_pairs[col] = (x[keep], frame[col].to_numpy()[keep])
     return res
+
+
+def perturb_batch(plan: Plan, chunks: list[tuple[int, "ChunkRef | pd.DataFrame"]]) -> ChunkResult:
+    """Pass 2 on a run of chunks, one after the other (what a worker does with its share)."""
+    return merge_results([perturb_chunk(plan, load(plan.spec, chunk), index) for index, chunk in chunks])
 
 
 def write_part(frame: pd.DataFrame, out_dir: Path, chunk: int, csv: bool) -> list[str]:

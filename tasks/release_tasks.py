@@ -28,6 +28,8 @@ _JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journa
 def _journal_step(task, task_run, state) -> None:
     """on_running hook: the run's journal records the step it enters, so a kill can be traced to it.
     Tasks of a subflow (the chunked passes) write to the journal of the release run above it."""
+    if not _JOURNALS:  # a Dask worker, or a process running no release
+        return
     j = _JOURNALS.get(str(task_run.flow_run_id))
     if j is None:
         from prefect.runtime import flow_run
@@ -315,10 +317,9 @@ def profile_pass_task(spec: ReleaseSpec, seed: int, refs) -> stream.Sketch:
     return sketch
 
 
-@task(name="profile-chunk", **PRIVATE)
-def profile_chunk_task(spec: ReleaseSpec, chunk, index: int, seed: int) -> stream.Sketch:
-    df = stream.read_chunk(spec, chunk) if isinstance(chunk, stream.ChunkRef) else chunk
-    return stream.profile_chunk(spec, df, index, seed)
+@task(name="profile-chunks", **PRIVATE)
+def profile_chunks_task(spec: ReleaseSpec, chunks: list, seed: int) -> stream.Sketch:
+    return stream.profile_batch(spec, chunks, seed)
 
 
 @task(name="finish-profile", **PRIVATE)
@@ -339,15 +340,17 @@ def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
     return totals
 
 
-@task(name="perturb-chunk", **PRIVATE)
-def perturb_chunk_task(plan: stream.Plan, chunk, index: int) -> stream.ChunkResult:
-    df = stream.read_chunk(plan.spec, chunk) if isinstance(chunk, stream.ChunkRef) else chunk
-    return stream.perturb_chunk(plan, df, index)
+@task(name="perturb-chunks", **PRIVATE)
+def perturb_chunks_task(plan: stream.Plan, chunks: list) -> stream.ChunkResult:
+    return stream.perturb_batch(plan, chunks)
 
 
-def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold, in_flight: int):
-    """Submit `task_(*args(chunk, index))` per chunk (Parquet: a ChunkRef the worker reads; CSV: the frame,
-    read here) with at most `in_flight` chunks outstanding; fold results as they finish."""
+def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold):
+    """Run `task_(*args(chunks))` on the workers over the source's chunks and fold the results as they finish.
+
+    Parquet: 4 runs of consecutive chunks per worker, each read by its worker (few task runs; a worker's
+    memory holds one chunk at a time). CSV: one chunk per task, read here and shipped, with at most
+    2 per worker outstanding."""
     from prefect.futures import as_completed
     from prefect.runtime import flow_run
 
@@ -355,19 +358,24 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     if j is not None:  # the chunks run on workers, where no journal is open: the run records the step
         j.mark(task_.name)
     progress = Progress(spec, step, total_rows)
-    chunks = ((r, r.index) for r in refs) if refs is not None else ((df, ref.index) for ref, df in stream.iter_chunks(spec))
-    pending, acc, done = [], None, 0
+    workers = max(spec.engine.workers, 1)
+    if refs is not None:
+        work = ([(r.index, r) for r in run] for run in stream.batches(refs, 4 * workers))
+    else:
+        work = ([(ref.index, df)] for ref, df in stream.iter_chunks(spec))
+    pending, acc, done, size = [], None, 0, {}
 
     def take(fut):
         nonlocal acc, done
         part = fut.result()
         acc = part if acc is None else fold(acc, part)
-        done += 1
+        done += size.pop(fut)
         progress.advance(part.rows, done)
 
-    for chunk, index in chunks:
-        pending.append(task_.submit(*args(chunk, index)))
-        if len(pending) >= in_flight:
+    for chunks in work:
+        pending.append(task_.submit(*args(chunks)))
+        size[pending[-1]] = len(chunks)
+        if refs is None and len(pending) >= 2 * workers:
             fut = next(as_completed(pending))
             pending.remove(fut)
             take(fut)

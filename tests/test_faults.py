@@ -60,7 +60,7 @@ STEPS = [
 ]
 # Tasks mapped over chunks on Dask workers: a fault there is a worker's, not the run's (Dask reruns a chunk
 # whose worker died); a failing chunk is tested in test_scale_flow (a bad value in one chunk).
-WORKER_TASKS = {"profile-chunk", "perturb-chunk"}
+WORKER_TASKS = {"profile-chunks", "perturb-chunks"}
 PUBLISHED_BEFORE_FAULT = {"pram_lib.publish:finish_release/after", "pram_lib.ledger:settle_for/before",
                           "pram_lib.publish:internal_report/before", "pram_lib.audit:AuditLog.append/before"}
 DISK_FULL = [  # (name, case fields)

@@ -92,7 +92,7 @@ def test_progress_artifacts_reach_the_ui(releases, prefect_server):
 
 def test_a_bad_chunk_on_a_dask_worker_fails_the_release_cleanly(releases):
     """An infinite value in the third chunk: the worker's error reaches the run whole (file, line, field,
-    fix), nothing is published, and the audit names the step (profile-chunk)."""
+    fix), nothing is published, and the audit names the step (profile-chunks)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -116,4 +116,4 @@ def test_a_bad_chunk_on_a_dask_worker_fails_the_release_cleanly(releases):
     assert not (tmp / "releases").exists() or not any((tmp / "releases").iterdir())
     entries = [json.loads(x) for x in (tmp / "private" / "audit.jsonl").read_text().splitlines()]
     assert [e["event"] for e in entries] == ["release-failed"]
-    assert entries[0]["failed_step"] == "profile-chunk"
+    assert entries[0]["failed_step"] == "profile-chunks"
