@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 GAMMA_REPS ?= 100
 RR_RUNS ?= 50
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench bench-extra clean
 
 install: $(STAMP)
 
@@ -23,14 +23,30 @@ test: $(STAMP)
 demo: $(STAMP)
 	bash scripts/demo.sh
 
-bench: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_optimal_pram
+BENCH_SITE := .bench-site
+BENCH_STAMP := $(BENCH_SITE)/.installed
+
+# peers for the perturbation benchmark: installed beside the venv, never into it (tests never see them)
+$(BENCH_STAMP): requirements-bench.txt | $(STAMP)
+	rm -rf $(BENCH_SITE)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_SITE) -r requirements-bench.txt
+	touch $(BENCH_STAMP)
+
+# issue 6's four benchmarks and benchmarks/RESULTS.md (about 15 minutes, 10^8-row release included)
+bench: $(STAMP) $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks.bench_optimal_pram --scaling-only
 	$(BIN)/python -m benchmarks.bench_perturb
+	$(BIN)/python -m benchmarks.bench_release
 	$(BIN)/python -m benchmarks.bench_estimate
+	$(BIN)/python -m benchmarks.results_md
+
+# the method benchmarks and paper reproductions of issues 2-5 (text reports in benchmarks/results/)
+bench-extra: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_optimal_pram
 	$(BIN)/python -m benchmarks.bench_gamma
 	$(BIN)/python -m benchmarks.gamma_simulation --reps $(GAMMA_REPS)
 	$(BIN)/python -m benchmarks.bench_multi_rr
 	$(BIN)/python -m benchmarks.rr_clusters_experiment --runs $(RR_RUNS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info $(BENCH_SITE) pram_lib/_fastpath.so

@@ -132,7 +132,8 @@ def load_sections() -> tuple[list[dict], list[str]]:
 def render(sections: list[dict], skipped: list[str]) -> str:
     lines = machine_header()
     for doc in sections:
-        lines += [f"## {doc['order']}. {doc['section']}", "", markdown_table(doc["columns"], doc["rows"]), ""]
+        title = str(doc["section"]).removeprefix(f"{doc['order']}.").strip()  # tolerate a numbered title
+        lines += [f"## {doc['order']}. {title}", "", markdown_table(doc["columns"], doc["rows"]), ""]
         lines += [f"- {note}" for note in doc["notes"]]
         lines += ["", f"Source: `benchmarks/results/{doc['_file']}`.", ""]
     if skipped:

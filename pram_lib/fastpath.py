@@ -39,22 +39,26 @@ def keep_uniform_kernel():
     fn = ctypes.CDLL(str(LIBRARY)).keep_uniform
     fn.restype = ctypes.c_int64
     p = ctypes.c_void_p
-    fn.argtypes = [p, ctypes.c_int64, p, p, p, ctypes.c_int64, p, p]
+    fn.argtypes = [p, ctypes.c_int64, p, p, ctypes.c_int64, p, p]
     return fn
 
 
-def sample_keep_uniform(codes: np.ndarray, q1: np.ndarray, a1: np.ndarray, wrap2: np.ndarray, s: int,
-                        rng: np.random.Generator) -> np.ndarray | None:
-    """Run the C kernel (None when it is not available); raises ValueError for codes outside [-1, s-1]."""
+def sample_keep_uniform(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, rng: np.random.Generator
+                        ) -> np.ndarray | None:
+    """Run the C kernel on `keep_uniform_tables` (None when it is not available); raises ValueError for
+    codes outside [-1, S-1]."""
     fn = keep_uniform_kernel()
     if fn is None:
         return None
+    s = qa.size - 1
+    table = np.ascontiguousarray(np.roll(qa, 1)).view(np.float64)  # (q, a) pairs, missing first
+    wrap2 = np.ascontiguousarray(np.roll(wrap, 2))
     c = np.ascontiguousarray(codes, dtype=np.int64).reshape(-1)
     out = np.empty(c.size, dtype=np.int64)
     bg = rng.bit_generator
     with bg.lock:
-        bad = fn(c.ctypes.data, c.size, q1.ctypes.data, a1.ctypes.data, wrap2.ctypes.data, s,
-                 bg.ctypes.bit_generator.value, out.ctypes.data)
+        bad = fn(c.ctypes.data, c.size, table.ctypes.data, wrap2.ctypes.data, s, bg.ctypes.bit_generator.value,
+                 out.ctypes.data)
     if bad >= 0:
         raise ValueError(f"codes must lie in [-1, {s - 1}] (MISSING = -1), found {c[bad]}")
     return out.reshape(np.shape(codes))

@@ -99,9 +99,7 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
     if isinstance(rng, np.random.Generator):  # the C kernel: same draws, same arithmetic, one pass
         from pram_lib import fastpath
 
-        fast = fastpath.sample_keep_uniform(codes, np.concatenate([qa.real[s:], qa.real[:s]]),
-                                            np.concatenate([qa.imag[s:], qa.imag[:s]]),
-                                            np.concatenate([wrap[-2:], wrap[:-2]]), s, rng)
+        fast = fastpath.sample_keep_uniform(codes, qa, wrap, rng)
         if fast is not None:
             return fast
     flat_in = codes.reshape(-1)
