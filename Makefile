@@ -18,7 +18,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml pram_lib/_fastpath.c
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	bash scripts/demo.sh

@@ -47,6 +47,15 @@ def _passes(spec, seed: int = 99, order=None, out_dir=None):
     return profile, plan, stream.merge_results(parts)
 
 
+@pytest.fixture(scope="module")
+def done(census, tmp_path_factory):
+    """The default spec released once in chunks (parts in out/): shared by the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("done")
+    spec = _spec(tmp, census)
+    profile, plan, totals = _passes(spec, out_dir=tmp / "out")
+    return {"spec": spec, "profile": profile, "plan": plan, "totals": totals, "out": tmp / "out"}
+
+
 def test_parquet_chunks_are_whole_row_groups(tmp_path, census):
     spec = _spec(tmp_path, census)
     refs = stream.plan_chunks(spec)
@@ -87,22 +96,20 @@ def test_numeric_sketch_is_a_uniform_sample_of_the_right_size(tmp_path, census):
     assert abs(sample.mean() - hours.mean()) <= 4 * se + 1e-9
 
 
-def test_result_does_not_depend_on_chunk_order(tmp_path, census):
-    spec = _spec(tmp_path, census)
-    _, _, forward = _passes(spec, out_dir=tmp_path / "a")
-    _, _, backward = _passes(spec, order=[2, 0, 1], out_dir=tmp_path / "b")
+def test_result_does_not_depend_on_chunk_order(tmp_path, done):
+    forward = done["totals"]
+    _, _, backward = _passes(done["spec"], order=[2, 0, 1], out_dir=tmp_path / "b")
     for col, counts in forward.released_counts.items():
         np.testing.assert_array_equal(counts, backward.released_counts[col])
     pd.testing.assert_frame_equal(forward.sample, backward.sample)
     for k in range(3):
         name = f"data/part-{k:05d}.parquet"
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (done["out"] / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
-def test_parts_form_one_table_with_every_row(tmp_path, census):
-    spec = _spec(tmp_path, census)
-    _, plan, totals = _passes(spec, out_dir=tmp_path / "out")
-    table = pd.read_parquet(tmp_path / "out" / "data")
+def test_parts_form_one_table_with_every_row(done, census):
+    totals = done["totals"]
+    table = pd.read_parquet(done["out"] / "data")
     assert len(table) == ROWS == totals.rows
     assert list(table.columns) == ["age_group", "education", "occupation", "marital_status", "region", "hours",
                                    "sex"]
@@ -111,11 +118,9 @@ def test_parts_form_one_table_with_every_row(tmp_path, census):
     assert (table["sex"].astype(str).to_numpy() == src.to_numpy()).all()
 
 
-def test_uniform_rr_keep_rate_matches_closed_form(tmp_path, census):
+def test_uniform_rr_keep_rate_matches_closed_form(done, census):
     """rr-uniform with γ keeps the true value with probability γ/(γ+k-1) (Chai–Nayak P0)."""
-    spec = _spec(tmp_path, census)
-    _, _, _ = _passes(spec, out_dir=tmp_path / "out")
-    released = pd.read_parquet(tmp_path / "out" / "data", columns=["region", "marital_status"])
+    released = pd.read_parquet(done["out"] / "data", columns=["region", "marital_status"])
     source = pq.read_table(census, columns=["region", "marital_status"]).to_pandas()
     for col, gamma, k in (("region", 8.0, 40), ("marital_status", 4.0, 6)):
         kept = (released[col].astype(str).to_numpy() == source[col].astype(str).to_numpy()).mean()
@@ -123,9 +128,8 @@ def test_uniform_rr_keep_rate_matches_closed_form(tmp_path, census):
         assert abs(kept - p) <= 4 * math.sqrt(p * (1 - p) / ROWS), (col, kept, p)
 
 
-def test_estimates_cover_the_truth(tmp_path, census):
-    spec = _spec(tmp_path, census)
-    profile, plan, totals = _passes(spec)
+def test_estimates_cover_the_truth(done):
+    profile, plan, totals = done["profile"], done["plan"], done["totals"]
     est = stream.estimate_totals(plan, totals)
     inside, total = 0, 0
     for col, vp in profile.variables.items():
@@ -156,9 +160,10 @@ def test_moments_from_power_sums_equal_numpy():
     assert m4 == pytest.approx(np.mean((live - live.mean()) ** 4), rel=1e-9)
 
 
-def test_gate_passes_and_catches_a_wrong_channel(tmp_path, census):
-    spec = _spec(tmp_path, census)
-    profile, plan, totals = _passes(spec)
+def test_gate_passes_and_catches_a_wrong_channel(done):
+    import copy
+
+    spec, profile, plan, totals = done["spec"], done["profile"], done["plan"], copy.deepcopy(done["totals"])
     good = stream.run_gate_totals(spec, profile, plan, totals, None)
     assert good["passed"], good["message"]
     assert good["gx"]["scope"].startswith("uniform sample of")
@@ -168,16 +173,16 @@ def test_gate_passes_and_catches_a_wrong_channel(tmp_path, census):
     assert not bad["passed"] and "region" in bad["message"]
 
 
-def test_csv_and_parquet_sources_give_the_same_release(tmp_path, census):
+def test_csv_and_parquet_sources_give_the_same_release(tmp_path, census, done):
     """Chunks of the same rows get the same keyed streams, whatever the file format."""
     csv = tmp_path / "census.csv"
     pd.read_parquet(census).to_csv(csv, index=False)
-    _, _, a = _passes(_spec(tmp_path, census), out_dir=tmp_path / "p")
     (tmp_path / "c").mkdir()
     _, _, b = _passes(_spec(tmp_path / "c", csv), out_dir=tmp_path / "c" / "out")
+    a = done["totals"]
     for col in a.released_counts:
         np.testing.assert_array_equal(a.released_counts[col], b.released_counts[col])
-    x = pd.read_parquet(tmp_path / "p" / "data").astype(str)
+    x = pd.read_parquet(done["out"] / "data").astype(str)
     y = pd.read_parquet(tmp_path / "c" / "out" / "data").astype(str)
     pd.testing.assert_frame_equal(x.drop(columns="hours"), y.drop(columns="hours"))
 
@@ -235,9 +240,8 @@ variables:
     assert "bad.yaml:9" in msg and "variables[0].adjust" in msg and "engine" in msg
 
 
-def test_stratum_appearing_after_the_profile_is_refused(tmp_path, census):
-    spec = _spec(tmp_path, census)
-    profile, plan, _ = _passes(spec)
+def test_stratum_appearing_after_the_profile_is_refused(done):
+    spec, plan = done["spec"], done["plan"]
     df = next(stream.iter_chunks(spec))[1]
     df["sex"] = df["sex"].astype(str).replace({"F": "X"})
     with pytest.raises(SpecError, match="appeared after the profile pass"):
