@@ -34,11 +34,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
             stream.check_source(spec)
             digest = release.file_sha256(spec.resolve(spec.source.path))
-            sketch = stream.Sketch()
-            for ref, df in stream.iter_chunks(spec):
-                sketch = stream.merge_sketches(sketch, stream.profile_chunk(spec, df, ref.index, seed),
-                                               spec.engine.sample_rows)
-            profile = stream.finish_profile(spec, sketch)
+            profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))
         assignments = release.choose_channels(spec, profile, seed)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -240,6 +240,16 @@ def profile_batch(spec: ReleaseSpec, chunks: list[tuple[int, "ChunkRef | pd.Data
     return out
 
 
+def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
+    """Pass 1 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
+    sketch = Sketch()
+    for done, (ref, df) in enumerate(iter_chunks(spec), 1):
+        sketch = merge_sketches(sketch, profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
+        if on_chunk is not None:
+            on_chunk(len(df), done)
+    return sketch
+
+
 def merge_sketches(a: Sketch, b: Sketch, sample_rows: int) -> Sketch:
     """Fold two sketches (associative; the order of chunks does not change the result)."""
     out = Sketch(rows=a.rows + b.rows)
@@ -542,6 +552,17 @@ def perturb_batch(plan: Plan, chunks: list[tuple[int, "ChunkRef | pd.DataFrame"]
     return merge_results([perturb_chunk(plan, load(plan.spec, chunk), index) for index, chunk in chunks])
 
 
+def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
+    """Pass 2 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
+    totals = None
+    for ref, df in iter_chunks(plan.spec):
+        part = perturb_chunk(plan, df, ref.index)
+        totals = part if totals is None else merge_results([totals, part])
+        if on_chunk is not None:
+            on_chunk(len(df), len(totals.chunks))
+    return totals
+
+
 def write_part(frame: pd.DataFrame, out_dir: Path, chunk: int, csv: bool) -> list[str]:
     """One chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv)."""
     import pyarrow as pa
@@ -638,13 +659,15 @@ def group_tables_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) ->
 def continuous_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Deconvolved Ĝ, ĝ with bootstrap bands from the uniform row sample; mean and variance of X (with
     standard errors) from exact power sums over every released row."""
+    from scipy.stats import norm
+
     from pram_lib.release import estimate_distributions
 
     noise = [a for a in plan.assignments if a.is_noise]
     if not noise or totals.sample is None:
         return estimate_distributions(pd.DataFrame(), [], plan.spec, level)
     curves, summary = estimate_distributions(totals.sample, noise, plan.spec, level)
-    z975 = float(__import__("scipy.stats", fromlist=["norm"]).norm.ppf(0.5 + level / 2))
+    z975 = float(norm.ppf(0.5 + level / 2))
     for k, a in enumerate(noise):
         mean, m2, m4 = totals.moments[a.column].central()
         n = totals.moments[a.column].n

@@ -275,15 +275,17 @@ class Progress:
         from prefect.artifacts import create_progress_artifact
 
         self.step, self.total, self.rows, self.t0, self.last = step, total_rows, 0, time.perf_counter(), 0.0
+        self.done = 0
         self.id = create_progress_artifact(progress=0.0, key=f"{_key(spec)}-{step}-progress",
                                            description=f"{spec.release}: {step} pass over the source")
 
-    def advance(self, rows: int, chunks_done: int, final: bool = False) -> None:
+    def advance(self, rows: int, chunks_done: int | None = None, final: bool = False) -> None:
         import time
 
         from prefect.artifacts import update_progress_artifact
 
         self.rows += rows
+        self.done = self.done if chunks_done is None else chunks_done
         now = time.perf_counter()
         if not final and now - self.last < 2.0:  # at most one update every 2 s
             return
@@ -292,7 +294,7 @@ class Progress:
         pct = 100.0 * self.rows / self.total if self.total else None
         eta = f", about {(self.total - self.rows) / rate:.0f} s left" if self.total and rate > 0 else ""
         update_progress_artifact(artifact_id=self.id, progress=100.0 if final else (pct or 0.0))
-        get_run_logger().info("%s: %d chunks, %s rows%s, %.2f M rows/s%s", self.step, chunks_done,
+        get_run_logger().info("%s: %d chunks, %s rows%s, %.2f M rows/s%s", self.step, self.done,
                               f"{self.rows:,}", f" of {self.total:,} ({pct:.0f}%)" if pct is not None else "",
                               rate / 1e6, eta)
 
@@ -308,12 +310,8 @@ def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
 def profile_pass_task(spec: ReleaseSpec, seed: int, refs) -> stream.Sketch:
     """Pass 1 on one core: every chunk in order."""
     progress = Progress(spec, "profile", sum(r.rows for r in refs) if refs else None)
-    sketch, done = stream.Sketch(), 0
-    for ref, df in stream.iter_chunks(spec):
-        sketch = stream.merge_sketches(sketch, stream.profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
-        done += 1
-        progress.advance(len(df), done)
-    progress.advance(0, done, final=True)
+    sketch = stream.profile_pass(spec, seed, progress.advance)
+    progress.advance(0, final=True)
     return sketch
 
 
@@ -331,12 +329,8 @@ def finish_profile_task(spec: ReleaseSpec, sketch: stream.Sketch) -> release.Pro
 def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
     """Pass 2 on one core: perturb and write every chunk in order."""
     progress = Progress(plan.spec, "perturb", plan.profile_rows)
-    totals = None
-    for ref, df in stream.iter_chunks(plan.spec):
-        part = stream.perturb_chunk(plan, df, ref.index)
-        totals = part if totals is None else stream.merge_results([totals, part])
-        progress.advance(len(df), len(totals.chunks))
-    progress.advance(0, len(totals.chunks), final=True)
+    totals = stream.perturb_pass(plan, progress.advance)
+    progress.advance(0, final=True)
     return totals
 
 
@@ -381,7 +375,7 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
             take(fut)
     for fut in as_completed(pending):
         take(fut)
-    progress.advance(0, done, final=True)
+    progress.advance(0, final=True)
     return acc
 
 

@@ -79,10 +79,7 @@ def test_chunked_profile_equals_in_memory_profile(tmp_path, census):
 
 
 def _sketch(spec, seed=99):
-    sk = stream.Sketch()
-    for ref, df in stream.iter_chunks(spec):
-        sk = stream.merge_sketches(sk, stream.profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
-    return sk
+    return stream.profile_pass(spec, seed)
 
 
 def test_numeric_sketch_is_a_uniform_sample_of_the_right_size(tmp_path, census):
