@@ -47,8 +47,9 @@ def _as_codes(codes: np.ndarray) -> np.ndarray:
 
 def _check_range(x: np.ndarray, k: int) -> None:
     # codes index lookup tables whose entry -1 is MISSING: anything outside [-1, k-1] would silently wrap
-    if x.min() < MISSING or x.max() >= k:
-        raise ValueError(f"codes must lie in [-1, {k - 1}] (MISSING = -1)")
+    lo, hi = x.min(), x.max()
+    if lo < MISSING or hi >= k:
+        raise ValueError(f"codes must lie in [-1, {k - 1}] (MISSING = -1), found {lo if lo < MISSING else hi}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,7 +78,8 @@ def keep_uniform_tables(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return qa, wrap
 
 
-def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Generator,
+                        out: np.ndarray | None = None) -> np.ndarray:
     """Family (8): keep x w.p. keep[x], else move uniformly to one of the other S-1 categories.
 
     One uniform draw per value decides both: U < q keeps; otherwise t = (U - q)(S-1)/(1 - q) is uniform on
@@ -85,11 +87,15 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
     f = clip(floor(t), -1, S-2), Z = wrap[x + f] (a lookup table for (x + f + 1) mod S): nine numpy
     passes over a cache-sized chunk, one of them the uniform draws; or, when pram_lib/_fastpath.so is built
     and `rng` is a numpy Generator, one pass in C with the same draws and arithmetic (identical output).
+    Returns int64 codes, written into `out` (C-contiguous int64, codes' shape) when it is given.
     """
     codes = _as_codes(codes)
     keep = np.asarray(keep, dtype=float)
     s = keep.size
-    out = np.empty(codes.shape, dtype=np.int64)
+    if out is None:
+        out = np.empty(codes.shape, dtype=np.int64)
+    elif out.dtype != np.int64 or out.shape != codes.shape or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous int64 array of shape {codes.shape}")
     if codes.size == 0:
         return out
     if s < 2:  # a single category: nothing to move to
@@ -99,9 +105,8 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
     if isinstance(rng, np.random.Generator):  # the C kernel: same draws, same arithmetic, one pass
         from pram_lib import fastpath
 
-        fast = fastpath.sample_keep_uniform(codes, qa, wrap, rng)
-        if fast is not None:
-            return fast
+        if fastpath.sample_keep_uniform(codes, qa, wrap, rng, out=out) is not None:
+            return out
     flat_in = codes.reshape(-1)
     flat_out = out.reshape(-1)
     n = flat_in.size

@@ -519,10 +519,14 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, chunk: int) -> ChunkResult:
         sidx = _stratum_index(plan, v, df)
         chans = {plan.strata[v.column][a.stratum]: a.channel for a in plan.by_column(v.column)}
         n_strata, k_out = len(plan.strata[v.column]), a0.channel.n_outputs
-        out = np.full(codes.shape, -1, dtype=np.int64)
-        for j, ch in chans.items():
-            rows = np.flatnonzero(sidx == j) if n_strata > 1 else slice(None)
-            out[rows] = ch.perturb_codes(codes[rows], stream(seed, i, j, 0, chunk))
+        if n_strata == 1:  # the kernel writes straight into the released column
+            out = chans[0].perturb_codes(codes, stream(seed, i, 0, 0, chunk),
+                                         out=np.empty(codes.shape, dtype=np.int64))
+        else:
+            out = np.full(codes.shape, -1, dtype=np.int64)
+            for j, ch in chans.items():
+                rows = np.flatnonzero(sidx == j)
+                out[rows] = ch.perturb_codes(codes[rows], stream(seed, i, j, 0, chunk))
         live, rel = codes >= 0, out >= 0
         res.source_counts[v.column] = np.bincount(sidx[live] * len(cats) + codes[live],
                                                   minlength=n_strata * len(cats)).reshape(n_strata, len(cats))

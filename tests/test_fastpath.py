@@ -49,3 +49,51 @@ def test_out_of_range_codes_are_refused(bad):
     codes[66_000] = bad
     with pytest.raises(ValueError, match=rf"\[-1, 3\].*found {bad}"):
         perturb.sample_keep_uniform(codes, np.full(4, 0.5), np.random.default_rng(3))
+
+
+def test_pcg64_is_stepped_in_c():
+    # the kernel steps numpy's PCG64 itself only after checking it reproduces Generator.random exactly
+    assert fastpath.keep_uniform_kernel()["pcg64"] is True
+
+
+@pytest.mark.parametrize("make", [np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64,
+                                  np.random.MT19937])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 255, 256, 257, 1027])
+def test_every_bit_generator_matches_the_numpy_kernel(make, n):
+    # PCG64 through the C stepper (4 states at a time, tails of 0-3), the others through bitgen_t
+    codes = np.arange(n) % 6 - 1
+    q = np.linspace(0.1, 0.9, 5)
+    a, b = np.random.Generator(make(n)), NumpyOnly(0)
+    b.g = np.random.Generator(make(n))
+    fast = perturb.sample_keep_uniform(codes, q, a)
+    np.testing.assert_array_equal(fast, perturb.sample_keep_uniform(codes, q, b))
+    np.testing.assert_array_equal(a.integers(0, 2**63, 8), b.g.integers(0, 2**63, 8))  # same state left
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.intp])
+def test_narrow_code_types_give_the_same_output(dtype):
+    s = 100
+    codes = np.random.default_rng(1).integers(0 if np.dtype(dtype).kind == "u" else -1, s, 5000)
+    want = perturb.sample_keep_uniform(codes, np.full(s, 0.3), np.random.default_rng(2))
+    got = perturb.sample_keep_uniform(codes.astype(dtype), np.full(s, 0.3), np.random.default_rng(2))
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+
+
+def test_narrow_codes_out_of_range_are_refused():
+    codes = np.zeros(1000, dtype=np.int8)
+    codes[700] = -5
+    with pytest.raises(ValueError, match=r"found -5"):
+        perturb.sample_keep_uniform(codes, np.full(3, 0.5), np.random.default_rng(3))
+
+
+def test_out_is_written_in_place_and_checked():
+    codes = np.arange(10_000) % 5
+    out = np.full(codes.size, 99, dtype=np.int64)
+    got = perturb.sample_keep_uniform(codes, np.full(5, 0.6), np.random.default_rng(4), out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, perturb.sample_keep_uniform(codes, np.full(5, 0.6), np.random.default_rng(4)))
+    for bad in (np.empty(codes.size, dtype=np.int32), np.empty(codes.size + 1, dtype=np.int64),
+                np.empty(2 * codes.size, dtype=np.int64)[::2]):
+        with pytest.raises(ValueError, match="out must be"):
+            perturb.sample_keep_uniform(codes, np.full(5, 0.6), np.random.default_rng(4), out=bad)
