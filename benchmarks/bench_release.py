@@ -48,8 +48,47 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+PHASES = {  # task name -> phase of the breakdown table (other tasks of the run are counted as "rest")
+    "profile-pass": "pass 1: profile", "profile-chunks": "pass 1: profile",
+    "choose-channels": "choose channels",
+    "perturb-pass": "pass 2: perturb + write", "perturb-chunks": "pass 2: perturb + write",
+    "estimate": "estimate", "validate": "validate (GX + exact)", "publish": "publish (report, manifest)",
+}
+
+
+def phase_times(since: float, env: dict) -> dict:
+    """Seconds per phase of the run that started after `since` (epoch s), from its task runs on the server.
+    A phase run as many tasks (dask) counts from its first start to its last end; "before pass 1" is the
+    time from the run's first task to the first profile task (for dask: mostly starting the local cluster)."""
+    import asyncio
+
+    os.environ.update({k: env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME")})
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    async def read():  # the newest 200 task runs (the server's limit); one release has a few dozen
+        async with get_client() as client:
+            return await client.read_task_runs(sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=200)
+
+    runs = [t for t in asyncio.run(read()) if t.start_time and t.end_time and t.start_time.timestamp() >= since]
+    spans: dict[str, list[float]] = {}
+    for t in runs:
+        phase = PHASES.get(t.name.rsplit("-", 1)[0], "rest")
+        a, b = t.start_time.timestamp(), t.end_time.timestamp()
+        lo, hi = spans.get(phase, [a, b])
+        spans[phase] = [min(lo, a), max(hi, b)]
+    if not runs or "pass 1: profile" not in spans:
+        return {}
+    first, last = min(t.start_time.timestamp() for t in runs), max(t.end_time.timestamp() for t in runs)
+    out = {"before pass 1": spans["pass 1: profile"][0] - first}
+    out.update({p: spans[p][1] - spans[p][0] for p in dict.fromkeys(PHASES.values()) if p in spans})
+    out["rest"] = (last - first) - sum(out.values())
+    return out
+
+
 def run_release(spec: Path, engine: str, env: dict) -> dict:
     t0 = time.perf_counter()
+    since = time.time()
     pin = ["taskset", "-c", "0"] if engine != "dask" and shutil.which("taskset") else []  # one core: truly one
     proc = subprocess.Popen([*pin, str(ROOT / ".venv" / "bin" / "pram-release"), "run", str(spec), "--engine", engine,
                              "--seed", "20261123"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -74,7 +113,12 @@ def run_release(spec: Path, engine: str, env: dict) -> dict:
     folder = Path(re.search(r"^release: (.+)$", out, re.M).group(1))
     flow = float(re.search(r"^flow time: ([\d.]+) s$", out, re.M).group(1))
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    return {"wall": wall, "flow": flow, "peak_rss": peak, "folder": folder, "bytes": size}
+    try:
+        phases = phase_times(since, env)
+    except Exception as exc:  # noqa: BLE001 - the breakdown is a note; the timings above stand without it
+        print(f"phase breakdown unavailable: {type(exc).__name__}: {exc}", flush=True)
+        phases = {}
+    return {"wall": wall, "flow": flow, "peak_rss": peak, "folder": folder, "bytes": size, "phases": phases}
 
 
 def _perturb_run(plan, refs) -> float:
@@ -95,6 +139,7 @@ def parallel_ceiling(source: Path, work: Path, k: int = 4) -> tuple[float, float
     from pram_lib import release, stream
     from pram_lib.spec import load_spec
 
+    work.mkdir(parents=True, exist_ok=True)
     spec = load_spec(write_spec(work / "ceiling.yaml", source, work / "r", work / "p", rows=0, seed=1))
     refs = stream.plan_chunks(spec)[: 3 * k]
     profile = stream.finish_profile(spec, stream.profile_batch(spec, [(r.index, r) for r in refs[:1]], 1))
@@ -123,7 +168,7 @@ def main() -> None:
     pid, url = start_server(home, PORT)
     env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(home), "PREFECT_LOGGING_LEVEL": "WARNING",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    rows, notes = [], []
+    rows, notes, breakdown = [], [], {}
     t_all = time.perf_counter()
     try:
         for n in sizes:
@@ -145,6 +190,8 @@ def main() -> None:
                        round(r["bytes"] / 2 ** 20)]
                 print(" | ".join(map(str, row)), flush=True)
                 rows.append(row)
+                if r["phases"] and n >= 10_000_000:
+                    breakdown[(f"{n:,}", engine)] = r["phases"]
                 if not args.keep:
                     shutil.rmtree(r["folder"])
     finally:
@@ -185,6 +232,15 @@ def main() -> None:
                      "the serial steps of a release (folding, channel choice between the passes; estimates, GX, plots, "
                      "manifest hashing and fsync of the parts after them), starting the local cluster, and Prefect's "
                      "task-run bookkeeping on the workers.")
+    if breakdown:
+        phases = list(dict.fromkeys(p for b in breakdown.values() for p in b))
+        head = "| phase (s) | " + " | ".join(f"{n} {e}" for n, e in breakdown) + " |"
+        lines = [head, "|---|" + "---:|" * len(breakdown)]
+        lines += [f"| {p} | " + " | ".join(f"{b.get(p, 0.0):.1f}" for b in breakdown.values()) + " |" for p in phases]
+        notes.append("Where the time goes (from the runs' task runs on the Prefect server; a phase mapped over "
+                     "chunks on Dask counts from its first task's start to its last task's end; 'before pass 1' "
+                     "includes starting the local Dask cluster; 'rest' is the run's other tasks and the gaps between "
+                     "tasks):\n\n" + "\n".join(lines) + "\n")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_release.json").write_text(json.dumps({
         "order": 3, "section": "3. End-to-end release (read Parquet, perturb, validate, write Parquet)",
