@@ -137,8 +137,22 @@ def dask_runner(spec):
 
     if spec.engine.address:
         return DaskTaskRunner(address=spec.engine.address)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": spec.engine.workers, "threads_per_worker": 1,
+    return DaskTaskRunner(cluster_class=local_cluster,
+                          cluster_kwargs={"n_workers": spec.engine.workers, "threads_per_worker": 1,
                                           "processes": True, "dashboard_address": None})
+
+
+def local_cluster(**kwargs):
+    """A distributed.LocalCluster whose workers keep glibc's default malloc tuning.
+
+    Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers; setting it also turns off glibc's
+    adaptive mmap threshold, so every large numpy temporary is mapped, faulted in and unmapped again, and
+    the chunk work ran 1.45-1.5x slower (measured: 4 chunks of 10^6 rows, one core, with and without it)."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        return LocalCluster(**kwargs)
 
 
 def _gate(record: dict, validation: dict, assignments) -> None:

@@ -125,3 +125,20 @@ def test_a_bad_chunk_on_a_dask_worker_fails_the_release_cleanly(releases):
     entries = [json.loads(x) for x in (tmp / "private" / "audit.jsonl").read_text().splitlines()]
     assert [e["event"] for e in entries] == ["release-failed"]
     assert entries[0]["failed_step"] == "profile-chunks"
+
+
+@pytest.mark.skipif("MALLOC_TRIM_THRESHOLD_" in __import__("os").environ, reason="set by the caller's environment")
+def test_local_cluster_workers_keep_glibc_malloc_defaults():
+    # Dask's nannies would export MALLOC_TRIM_THRESHOLD_=65536 (1.5x slower chunk work); ours do not, and the
+    # other pre-spawn settings (one BLAS thread per worker) stay
+    import os
+
+    from distributed import Client
+
+    from flows.release import local_cluster
+
+    with local_cluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        env = next(iter(client.run(lambda: dict(os.environ)).values()))
+    assert "MALLOC_TRIM_THRESHOLD_" not in env
+    assert env.get("OMP_NUM_THREADS") == "1"
