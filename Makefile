@@ -12,7 +12,8 @@ install: $(STAMP)
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml pram_lib/_fastpath.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile -r requirements.txt -c constraints.txt
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null    # bytecode on every core (pip's is serial)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(BIN)/python -m pram_lib.fastpath    # the C kernel for family-(8) perturbation (cc; optional at run time)
 	touch $(STAMP)

@@ -32,6 +32,11 @@ EPS = math.log(3) + 1.0           # rr-uniform γ = 3 and rr-uniform α = 1: exa
 CAP = 8 * EPS + 0.5 * EPS         # room for exactly 8
 
 
+def _never_submitted(state) -> bool:
+    return state is not None and state.is_crashed() and \
+        (state.message or "").startswith("Failed to submit flow run to infrastructure")
+
+
 def test_ten_scheduled_releases_at_once(prefect_server, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -62,11 +67,21 @@ def test_ten_scheduled_releases_at_once(prefect_server, tmp_path):
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                                "--limit", str(N_RUNS), "--prefetch-seconds", "5"],
                               env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    resubmitted = 0
     try:
         deadline = time.time() + 420
         with get_client(sync_client=True) as client:
             while time.time() < deadline:
                 states = [client.read_flow_run(r).state for r in run_ids]
+                never_ran = [k for k, s in enumerate(states) if _never_submitted(s)]
+                if never_ran and resubmitted < 3:
+                    # the test server's SQLite answered the worker 503 (database is locked) before the run's
+                    # process started: nothing of ours ran (no reservation, no audit entry); schedule it again
+                    for k in never_ran:
+                        run_ids[k] = client.create_flow_run_from_deployment(
+                            dep_id, parameters={"spec_path": str(specs[k])}).id
+                    resubmitted += len(never_ran)
+                    continue
                 if all(s is not None and s.is_final() for s in states):
                     break
                 time.sleep(2)
@@ -80,7 +95,8 @@ def test_ten_scheduled_releases_at_once(prefect_server, tmp_path):
 
     done = [s for s in states if s.is_completed()]
     refused = [s for s in states if s.is_failed()]
-    assert len(done) == 8 and len(refused) == 2, ([s.type for s in states], (tmp_path / "worker.log").read_text()[-3000:])
+    assert len(done) == 8 and len(refused) == 2, ([(s.type.value, (s.message or "")[:300]) for s in states],
+                                                  (tmp_path / "worker.log").read_text()[-3000:])
     assert all("LedgerRefused" in (s.message or "") or "has spent" in (s.message or "") for s in refused), \
         [s.message for s in refused]
 
