@@ -519,9 +519,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, chunk: int) -> ChunkResult:
         sidx = _stratum_index(plan, v, df)
         chans = {plan.strata[v.column][a.stratum]: a.channel for a in plan.by_column(v.column)}
         n_strata, k_out = len(plan.strata[v.column]), a0.channel.n_outputs
-        if n_strata == 1:  # the kernel writes straight into the released column
-            out = chans[0].perturb_codes(codes, stream(seed, i, 0, 0, chunk),
-                                         out=np.empty(codes.shape, dtype=np.int64))
+        if n_strata == 1:  # the kernel's output is the released column: no fill, no copy
+            out = chans[0].perturb_codes(codes, stream(seed, i, 0, 0, chunk))
         else:
             out = np.full(codes.shape, -1, dtype=np.int64)
             for j, ch in chans.items():
