@@ -143,20 +143,14 @@ class Channel:
         return p @ self.dense
 
     # -- data path ----------------------------------------------------------------------------
-    def perturb_codes(self, codes: np.ndarray, rng: np.random.Generator, out: np.ndarray | None = None
-                      ) -> np.ndarray:
-        """Perturb integer codes 0..k-1 (MISSING = -1 stays missing); returns output codes (int64), written
-        into `out` (C-contiguous int64, codes' shape) when it is given."""
+    def perturb_codes(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Perturb integer codes 0..k-1 (MISSING = -1 stays missing); returns output codes (int64)."""
         codes = np.asarray(codes)
         if self.keep is not None:  # the kernel checks the range in its pass
-            return _perturb.sample_keep_uniform(codes, self.keep, rng, out=out)
+            return _perturb.sample_keep_uniform(codes, self.keep, rng)
         if codes.size and (codes.max() >= self.n_inputs or codes.min() < MISSING):
             raise ValueError(f"codes must lie in [-1, {self.n_inputs - 1}]")
-        z = _perturb.sample_dense(codes, self.dense, rng)
-        if out is None:
-            return z
-        out[...] = z
-        return out
+        return _perturb.sample_dense(codes, self.dense, rng)
 
     def perturb(self, values: Any, rng: np.random.Generator) -> Any:
         """Perturb labels (pandas Series / array of category labels; missing stays missing).

@@ -99,6 +99,7 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
     if codes.size == 0:
         return out
     if s < 2:  # a single category: nothing to move to
+        _check_range(codes, s)
         np.copyto(out, codes, casting="unsafe")
         return out
     qa, wrap = keep_uniform_tables(keep)
