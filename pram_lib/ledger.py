@@ -156,21 +156,111 @@ class CapMismatch(Exception):
         super().__init__(f"population {population!r} has cap {registered:g} in the ledger, the spec says {given:g}")
 
 
+# -- one ledger per population on this machine ------------------------------------------------------
+REGISTRY_FILE = "populations.sqlite"
+
+
+def release_home() -> Path:
+    """Machine-wide state of pram-release: $PRAM_RELEASE_HOME, default ~/.pram-release."""
+    return Path(os.environ.get("PRAM_RELEASE_HOME") or "~/.pram-release").expanduser()
+
+
+class PopulationRegistry:
+    """population key -> the one ledger file that holds its spending (SQLite under `release_home()`).
+
+    Two specs of one population with different private stores would otherwise each keep their own
+    ledger, and so each their own cap: the first reservation registers the ledger, later ones must use it.
+    """
+
+    def __init__(self, home: str | Path | None = None):
+        self.path = Path(home if home is not None else release_home()) / REGISTRY_FILE
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
+            con.execute("PRAGMA busy_timeout = 120000")
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute("CREATE TABLE IF NOT EXISTS populations (key TEXT PRIMARY KEY, ledger TEXT NOT NULL, "
+                            "registered TEXT NOT NULL)")
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    def lookup(self, key: str) -> Path | None:
+        if not self.path.exists():
+            return None
+        with self._tx() as con:
+            row = con.execute("SELECT ledger FROM populations WHERE key = ?", (key,)).fetchone()
+        return None if row is None else Path(row[0])
+
+    def register(self, key: str, ledger: Path) -> Path:
+        """The population's ledger: `ledger` if the key was not registered yet (it is now), else the registered one."""
+        with self._tx() as con:
+            row = con.execute("SELECT ledger FROM populations WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                return Path(row[0])
+            con.execute("INSERT INTO populations VALUES (?, ?, ?)", (key, str(ledger), utc_now()))
+            return ledger
+
+    def ledgers(self) -> list[Path]:
+        if not self.path.exists():
+            return []
+        with self._tx() as con:
+            return [Path(r[0]) for r in con.execute("SELECT ledger FROM populations ORDER BY key")]
+
+
+def ledger_path(spec: ReleaseSpec) -> Path:
+    """The ledger the spec names: `population.ledger`, default <private_store>/ledger.sqlite (resolved)."""
+    pop = spec.population
+    if pop is not None and pop.ledger is not None:
+        return spec.resolve(pop.ledger).resolve()
+    return (spec.resolve(spec.private_store) / LEDGER_FILE).resolve()
+
+
+def _registered(spec: ReleaseSpec, register: bool) -> Path:
+    """The spec's ledger, checked against the population registry (and registered, on a reservation)."""
+    pop, mine = spec.population, ledger_path(spec)
+    registry = PopulationRegistry()
+    try:
+        theirs = registry.register(pop.key, mine) if register else registry.lookup(pop.key)
+    except (OSError, sqlite3.Error) as exc:
+        raise _refusal(spec, ("population", "key"), f"cannot use the population registry {registry.path}: {exc}",
+                       pop.key, "set PRAM_RELEASE_HOME to a folder this user can write (default "
+                       "~/.pram-release)") from None
+    if theirs is not None and theirs != mine:
+        raise _refusal(spec, ("population", "key"), f"population {pop.key!r} keeps its ε spending in the ledger "
+                       f"{theirs} (registered in {registry.path}); this spec's ledger would be {mine}, and a "
+                       "second ledger would give the population a second cap", pop.key,
+                       f"use the private store that holds it (`private_store: {theirs.parent}`), or name the "
+                       f"ledger under `population:` (`ledger: {theirs}`)")
+    return mine
+
+
 # -- the spec-level entry points (what the flow calls) -----------------------------------------------
 def ledger_for(spec: ReleaseSpec) -> Ledger:
-    return Ledger(spec.resolve(spec.private_store) / LEDGER_FILE)
+    """The spec's population ledger; raises LedgerRefused if the population is registered to another ledger."""
+    if spec.population is None:
+        return Ledger(ledger_path(spec))
+    return Ledger(_registered(spec, register=False))
 
 
 def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     """Reserve this release's ε bound in its population's ledger (no-op without `population:`).
 
-    Raises LedgerRefused, located at the spec's `population` field, with the population's history.
+    The first reservation of a population registers its ledger machine-wide; a spec whose ledger differs
+    is refused at `population.key`. Raises LedgerRefused, located at the spec's `population` field, with
+    the population's history.
     """
     pop = spec.population
     if pop is None:
         return None
     eps = ledger_bound(spec)
-    ledger = ledger_for(spec)
+    ledger = Ledger(_registered(spec, register=True))
     try:
         ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps)
     except CapMismatch as exc:
@@ -206,11 +296,24 @@ def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: st
 
 
 def settle_recovered(store: Path, run: dict, folder: str | None) -> None:
-    """Recovery of a killed run: cancel its reservation, or (it did publish) count what it reserved."""
-    ledger = Ledger(Path(store) / LEDGER_FILE)
-    if not ledger.path.exists():
-        return
-    if folder is None:
-        ledger.cancel(run["run_id"])
-    else:
-        ledger.settle(run["run_id"], None, folder)
+    """Recovery of a killed run: cancel its reservation, or (it did publish) count what it reserved.
+
+    The reservation is in the store's ledger, or (`population.ledger:`) in a registered one elsewhere:
+    each ledger is tried, and only the row of this run id changes.
+    """
+    paths = [Path(store) / LEDGER_FILE] + ([Path(run["ledger"])] if run.get("ledger") else [])
+    try:
+        paths += PopulationRegistry().ledgers()
+    except (OSError, sqlite3.Error):
+        pass
+    seen: set[Path] = set()
+    for path in paths:
+        path = path.resolve()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        ledger = Ledger(path)
+        if folder is None:
+            ledger.cancel(run["run_id"])
+        else:
+            ledger.settle(run["run_id"], None, folder)

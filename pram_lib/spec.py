@@ -6,16 +6,19 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 CATEGORICAL_CHANNELS = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
 NOISE_CHANNELS = ("gamma-noise", "laplace-noise")
 GROUP_CHANNELS = ("rr-independent", "rr-joint", "rr-clusters")
 CHANNELS = CATEGORICAL_CHANNELS + NOISE_CHANNELS + GROUP_CHANNELS
 LEVEL_CHANNELS = ("pram-optimal", "rr-uniform") + GROUP_CHANNELS
+DATA_PRIOR_CHANNELS = ("pram-optimal", "pram-invariant")   # channels whose matrix is chosen from a prior
+MIN_PRIOR_ROWS = 100   # a data prior from fewer rows is refused: one record would move a frequency by > 1 point
 
 
 class SpecError(ValueError):
@@ -43,8 +46,29 @@ def _check_slug(v: str, problem: str) -> str:
     return v
 
 
+def _leaf_types(ann: Any) -> set:
+    args = get_args(ann)
+    return {ann} if not args else set().union(*(_leaf_types(a) for a in args if a is not ann))
+
+
+def _has_bool(v: Any) -> bool:
+    return isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(_has_bool(x) for x in v))
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1.0 for a float (YAML 1.1 also reads yes/no/on/off as booleans): `alpha: true`
+        # would be a level nobody wrote. Every field that takes numbers (and not booleans) refuses them.
+        if _has_bool(v):
+            leaves = _leaf_types(cls.model_fields[info.field_name].annotation)
+            if leaves & {float, int} and bool not in leaves:
+                raise ValueError("true/false is not a number (YAML reads unquoted yes/no/on/off/true/false as "
+                                 "booleans)")
+        return v
 
 
 class PriorFile(_Strict):
@@ -89,6 +113,8 @@ class PopulationSpec(_Strict):
 
     key: str
     cap: float = Field(gt=0, description="largest cumulative ε over every release of this population")
+    ledger: str | None = Field(default=None, description="the population's ledger file (default: "
+                               "<private_store>/ledger.sqlite); one ledger per population on this machine")
 
     @field_validator("key")
     @classmethod
@@ -107,6 +133,15 @@ class SourceSpec(_Strict):
     path: str
     format: Literal["csv", "parquet"] | None = None
     dtypes: dict[str, str] = Field(default_factory=dict)
+    # CSV fields read as missing (exact text); Parquet nulls are always missing. "NA" is a value unless listed.
+    missing_values: list[str] = Field(default_factory=lambda: [""])
+
+    @field_validator("missing_values")
+    @classmethod
+    def _missing_strings(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("missing_values lists a string twice")
+        return v
 
     @model_validator(mode="after")
     def _infer_format(self) -> "SourceSpec":
@@ -133,9 +168,11 @@ class VariableSpec(_Strict):
     categories: list[Union[str, int]] | None = None
     matrix: list[list[float]] | None = None
     min_diagonal: float | None = None
-    prior: Prior = "data"
+    prior: Prior = "data"                # pram-optimal with `strata:` and no `prior:` takes "uniform" (see README)
+    min_prior_rows: int = Field(default=MIN_PRIOR_ROWS, ge=1)  # a data prior is refused below this many rows
     strata: list[str] = Field(default_factory=list)
     public: bool = False             # the variable is public information: a channel with ε = ∞ is accepted
+    missing: Literal["keep", "category"] = "keep"  # categorical: missing released as missing, or perturbed
     # continuous variables (gamma-noise, laplace-noise)
     protection: Protection | None = None
     theta: float | None = Field(default=None, gt=0, le=1)
@@ -145,6 +182,7 @@ class VariableSpec(_Strict):
     point_masses: list[float] = Field(default_factory=list)
     resolution: float | None = Field(default=None, gt=0)
     bounds: tuple[float, float] | None = None
+    accept_lower_protection: bool = False  # a fixed eta may reach a weaker level than `protection:` (reported)
 
     @field_validator("channel")
     @classmethod
@@ -200,12 +238,22 @@ class VariableSpec(_Strict):
             raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma")
         if self.channel == "rr-uniform" and self.prior != "data":
             raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
-        noise_keys = {"protection", "theta", "eta", "theta_min", "transform", "point_masses", "resolution", "bounds"}
+        noise_keys = {"protection", "theta", "eta", "theta_min", "transform", "point_masses", "resolution", "bounds",
+                      "accept_lower_protection"}
         if self.channel in NOISE_CHANNELS:
             self._noise_rules()
         elif noise_keys & self.model_fields_set:
             raise ValueError(f"{sorted(noise_keys & self.model_fields_set)} are for gamma-noise/laplace-noise, "
                              f"not {self.channel}")
+        if self.channel == "pram-optimal" and self.strata and "prior" not in self.model_fields_set:
+            # Each stratum's matrix would be chosen from that stratum's raw frequencies (README, `prior:`).
+            self.__dict__["prior"] = "uniform"
+        if "min_prior_rows" in self.model_fields_set and (self.channel not in DATA_PRIOR_CHANNELS
+                                                          or self.prior != "data"):
+            raise ValueError("`min_prior_rows:` is the smallest number of rows a data prior (`prior: data`) of "
+                             "pram-optimal or pram-invariant is taken from; this variable has no data prior "
+                             f"(channel {self.channel}, prior {self.prior if isinstance(self.prior, str) else 'given'})"
+                             ": drop it" + (", or add `prior: data`" if self.channel in DATA_PRIOR_CHANNELS else ""))
         return self
 
     def _group_rules(self) -> None:
@@ -262,6 +310,9 @@ class VariableSpec(_Strict):
             raise ValueError("laplace-noise is the theta = 1 member; drop `theta:` or use gamma-noise")
         if self.eta is not None and self.protection is not None:
             raise ValueError("give either a fixed `eta:` or a `protection:` level to meet, not both")
+        if self.accept_lower_protection and self.eta is None:
+            raise ValueError("`accept_lower_protection:` is for a fixed `eta:` (an optimised eta always meets "
+                             "the level); drop it")
         if self.bounds is not None and not self.bounds[0] < self.bounds[1]:
             raise ValueError("bounds must be [lower, upper] with lower < upper")
 
@@ -288,7 +339,8 @@ class VariableSpec(_Strict):
 
 
 class ValidationSpec(_Strict):
-    level: float = Field(default=1e-3, gt=0, lt=0.5)
+    level: float = Field(default=1e-3, gt=0, lt=0.5)   # family-wise error rate over all statistical checks (Holm)
+    min_expected: float = Field(default=5.0, ge=0)     # records per category every stratum needs for the χ² check
 
 
 class EngineSpec(_Strict):
@@ -315,7 +367,7 @@ class ReleaseSpec(_Strict):
     private_store: str = "private"
     budget: float = Field(gt=0)
     population: PopulationSpec | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool = False
     passthrough: list[str] = Field(default_factory=list)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -330,6 +382,13 @@ class ReleaseSpec(_Strict):
     @classmethod
     def _slug(cls, v: str) -> str:
         return _check_slug(v, "release names use letters, digits, '.', '_' and '-' only (it names a folder)")
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("budget must be a finite number > 0 (an infinite budget checks nothing)")
+        return v
 
     # -- locations ----------------------------------------------------------------------------
     @property
@@ -372,11 +431,56 @@ def _locate(marks: dict, loc: tuple) -> tuple[int | None, int | None]:
     return marks.get((), (None, None))
 
 
+class _YAMLRefused(Exception):
+    """A YAML construct the spec loader refuses, located (1-based line and column)."""
+
+    def __init__(self, line: int, column: int, field: str, problem: str, found: Any, fix: str):
+        super().__init__(problem)
+        self.line, self.column, self.field, self.problem, self.found, self.fix = line, column, field, problem, found, fix
+
+
+ALIAS_BUDGET = 100_000   # values YAML aliases may add to a spec beyond those written out
+
+
+def _alias_expansion(node: yaml.Node) -> int:
+    """Values that aliases add to the document: its size with every alias written out, less its written size.
+
+    Aliases share nodes, so a 1 KB "billion laughs" file composes into a few dozen nodes that stand for
+    10^9 values; everything that walks the document (line marks, pydantic) would walk all of them.
+    Counted once per distinct node (memoised), so this takes the file's size in time and memory.
+    """
+    size: dict[int, int] = {}
+
+    def walk(n: yaml.Node) -> int:
+        if id(n) in size:
+            return size[id(n)]
+        size[id(n)] = ALIAS_BUDGET * 10   # a node that contains itself (recursive alias): unbounded
+        children = [c for kv in n.value for c in kv] if isinstance(n, yaml.MappingNode) else \
+            n.value if isinstance(n, yaml.SequenceNode) else []
+        total = 1
+        for c in children:
+            total = min(total + walk(c), ALIAS_BUDGET * 10)
+        size[id(n)] = total
+        return total
+
+    return walk(node) - len(size)
+
+
 def _collect_marks(node: yaml.Node, path: tuple, marks: dict) -> None:
+    """Line and column of every value; refuses a key given twice in one mapping (YAML keeps the last, silently)."""
     marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
         for key, value in node.value:
             k = key.value if isinstance(key, yaml.ScalarNode) else str(key)
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = key.start_mark.line + 1
+                if k in first:
+                    raise _YAMLRefused(line, key.start_mark.column + 1, _dotted(path + (k,)),
+                                       f"key {k!r} is given twice in one mapping: first at line {first[k]}, again "
+                                       f"at line {line} (YAML would silently keep the last one)", None,
+                                       "keep one of the two lines")
+                first[k] = line
             _collect_marks(value, path + (k,), marks)
             marks.setdefault(path + (k,), (key.start_mark.line + 1, key.start_mark.column + 1))
     elif isinstance(node, yaml.SequenceNode):
@@ -384,9 +488,17 @@ def _collect_marks(node: yaml.Node, path: tuple, marks: dict) -> None:
             _collect_marks(item, path + (i,), marks)
 
 
+def _field_names(cls: type = None) -> set:
+    cls = cls or _Strict
+    return set(cls.model_fields).union(*(_field_names(c) for c in cls.__subclasses__()))
+
+
 def _clean_pydantic_loc(loc: tuple) -> tuple:
-    # Drop union-branch tags such as 'literal['data','uniform']' or 'PriorDP' that pydantic adds.
-    return tuple(p for p in loc if isinstance(p, int) or not (p.startswith(("literal[", "function-")) or p[:1].isupper()))
+    # Drop union-branch tags such as 'literal['data','uniform']' or 'PriorDP' that pydantic adds
+    # (but not fields whose names start with a capital: Q, T_v, T_d).
+    fields = _field_names()
+    return tuple(p for p in loc if isinstance(p, int) or p in fields
+                 or not (p.startswith(("literal[", "function-")) or p[:1].isupper()))
 
 
 _FIXES = {
@@ -409,19 +521,32 @@ def load_spec(path: str | Path) -> ReleaseSpec:
     except UnicodeDecodeError as exc:
         raise SpecError(fname, None, None, "<file>", f"not UTF-8 (byte {exc.start})",
                         fix="save the spec as UTF-8") from None
+    marks: dict = {}
+    loader = yaml.SafeLoader(text)
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None and _alias_expansion(node) > ALIAS_BUDGET:
+            raise _YAMLRefused(1, 1, "<yaml>", f"YAML aliases (*name) expand this spec by more than {ALIAS_BUDGET:,} "
+                               "values (a 'billion laughs' file?); it was not expanded", None,
+                               "write the values out, or use fewer nested aliases")
+        if node is not None:
+            _collect_marks(node, (), marks)
+        data = None if node is None else loader.construct_document(node)
+    except RecursionError:
+        raise SpecError(fname, 1, 1, "<yaml>", "the YAML nests too deeply", None,
+                        "a spec nests a few levels only: check the brackets") from None
+    except _YAMLRefused as exc:
+        raise SpecError(fname, exc.line, exc.column, exc.field, exc.problem, exc.found, exc.fix) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
         raise SpecError(fname, line, col, "<yaml>", f"YAML syntax error: {getattr(exc, 'problem', exc)}",
                         fix="fix the indentation/quoting at that place") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise SpecError(fname, 1, 1, "<root>", "the spec must be a mapping of fields",
                         found=type(data).__name__, fix="start from specs/adult.yaml")
-    marks: dict = {}
-    _collect_marks(node, (), marks)
     try:
         spec = ReleaseSpec.model_validate(data)
     except ValidationError as exc:
@@ -433,8 +558,10 @@ def load_spec(path: str | Path) -> ReleaseSpec:
         if isinstance(found, (dict, list)) and err["type"] != "extra_forbidden":
             found = None
         problem = err["msg"].removeprefix("Value error, ")
-        raise SpecError(fname, line, col, _dotted(loc), problem, found,
-                        _FIXES.get(err["type"], "see the spec reference in README.md")) from None
+        fix = _FIXES.get(err["type"], "see the spec reference in README.md")
+        if problem.startswith("true/false is not a number"):
+            fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
+        raise SpecError(fname, line, col, _dotted(loc), problem, found, fix) from None
     spec._path = path.resolve()
     spec._marks = marks
     spec._sha256 = hashlib.sha256(raw).hexdigest()
@@ -444,18 +571,8 @@ def load_spec(path: str | Path) -> ReleaseSpec:
 
 def check_spec(spec: ReleaseSpec) -> None:
     """Cross-field rules that need the whole spec."""
-    seen: dict[str, int] = {}
-    for i, v in enumerate(spec.variables):
-        for j, col in enumerate(v.names):
-            if col in seen:
-                where = ("variables", i, "column") if not v.is_group else ("variables", i, "columns", j)
-                raise spec.error(where, "variable named twice", col,
-                                 f"keep one entry (the first is variables[{seen[col]}])")
-            seen[col] = i
-    for j, col in enumerate(spec.passthrough):
-        if col in seen:
-            raise spec.error(("passthrough", j), "a perturbed variable cannot also pass through unchanged", col,
-                             "remove it from `passthrough:` or from `variables:`")
+    _check_locations(spec)
+    _check_names(spec)
     for i, v in enumerate(spec.variables):
         if v.is_group:
             continue
@@ -467,7 +584,7 @@ def check_spec(spec: ReleaseSpec) -> None:
         if v.channel == "pram-custom":
             _check_custom(spec, i, v)
     if spec.engine.mode != "memory":
-        _check_streamable(spec)
+        check_streamable(spec, spec.engine.mode)
     spent = static_budget(spec)
     if spec.population is not None and spent > spec.population.cap + 1e-12:
         raise spec.error(("population", "cap"), f"this release alone spends ε = {spent:.4g}, over the population's "
@@ -481,16 +598,86 @@ def check_spec(spec: ReleaseSpec) -> None:
                          "raise `budget:` or lower the variables' alpha/gamma")
 
 
-def _check_streamable(spec: ReleaseSpec) -> None:
-    """Chunked releases keep counts and samples, never the whole table: refuse what needs the whole table."""
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b)
+
+
+def _check_locations(spec: ReleaseSpec) -> None:
+    """The private store (seeds, ledger, audit log, internal report) never sits where releases are published."""
+    store, out = spec.resolve(spec.private_store).resolve(), spec.resolve(spec.output).resolve()
+    if _inside(store, out) or _inside(out, store):
+        how = ("is the output folder" if store == out else "lies inside the output folder `output:`"
+               if _inside(store, out) else "contains the output folder `output:`")
+        raise spec.error(("private_store",), f"the private store {how} ({out}): its seeds, ledger, audit log "
+                         "and internal report would sit with what is published", str(store),
+                         "give `private_store:` and `output:` two separate folders, neither inside the other "
+                         "(e.g. `output: releases` and `private_store: private`)")
+    pop = spec.population
+    if pop is not None and pop.ledger is not None:
+        ledger = spec.resolve(pop.ledger).resolve()
+        if _inside(ledger, out):
+            raise spec.error(("population", "ledger"), f"the ledger lies inside the output folder ({out}), "
+                             "where releases are published", str(ledger),
+                             "keep the ledger in the private store or another private folder")
+        if ledger.is_dir():
+            raise spec.error(("population", "ledger"), "the ledger is a file; this path is a folder", str(ledger),
+                             f"name the file, e.g. {ledger / 'ledger.sqlite'}")
+
+
+def _check_names(spec: ReleaseSpec) -> None:
+    """Every released column has one name of its own; a group's name differs from every column name."""
+    from pram_lib.release import weight_column
+
+    owner: dict[str, tuple] = {}   # name -> (loc, kind)
+
+    def claim(name: str, loc: tuple, kind: str) -> None:
+        if name not in owner:
+            owner[name] = (loc, kind)
+            return
+        first, first_kind = owner[name]
+        both = f"{name!r} is {first_kind} ({_dotted(first)}) and {kind} ({_dotted(loc)})"
+        if first_kind == kind == "a variable":
+            raise spec.error(loc, f"variable named twice: {both}", name,
+                             f"keep one entry (the first is {_dotted(first[:2])})")
+        if kind == "a pass-through column" and first_kind == "a variable":
+            raise spec.error(loc, f"a perturbed variable cannot also pass through unchanged: {both}", name,
+                             "remove it from `passthrough:` or from `variables:`")
+        if kind == "a group's name":
+            raise spec.error(loc, f"a group's name must differ from every released column and group: {both}", name,
+                             "give the group another `name:` (it labels its budget line and its channels)")
+        raise spec.error(loc, f"two released columns would have one name: {both}", name,
+                         "rename one of them (a group's RR-Adjustment weights take the column `<name>_weight`: "
+                         "give the group a `name:`)" if kind == "RR-Adjustment weights" else "remove one of them")
+
+    for i, v in enumerate(spec.variables):
+        if v.is_group:
+            for j, col in enumerate(v.columns):
+                claim(col, ("variables", i, "columns", j), "a variable")
+        else:
+            claim(v.column, ("variables", i, "column"), "a variable")
+    for j, col in enumerate(spec.passthrough):
+        claim(col, ("passthrough", j), "a pass-through column")
+    for i, v in enumerate(spec.variables):
+        if v.is_group and v.adjust:
+            claim(weight_column(v), ("variables", i, "name" if v.name else "adjust"), "RR-Adjustment weights")
+    for i, v in enumerate(spec.variables):
+        if v.is_group:
+            claim(v.key, ("variables", i, "name" if v.name else "columns"), "a group's name")
+
+
+def check_streamable(spec: ReleaseSpec, mode: str) -> None:
+    """Chunked releases keep counts and samples, never the whole table: refuse what needs the whole table
+    (at load for the spec's own mode; again in the flow for a `--engine` override)."""
+    if mode == "memory":
+        return
     for i, v in enumerate(spec.variables):
         if v.is_group and v.adjust:
             raise spec.error(("variables", i, "adjust"), "RR-Adjustment weights need the whole released table, "
-                             f"which engine mode {spec.engine.mode!r} never holds", True,
+                             f"which engine mode {mode!r} never holds", True,
                              "drop `adjust: true`, or use `engine: {mode: memory}`")
         if v.is_group and v.clustering is not None and v.clustering.public is None:
             raise spec.error(("variables", i, "clustering"), "measuring dependence on randomized data needs the "
-                             f"whole table, which engine mode {spec.engine.mode!r} never holds", None,
+                             f"whole table, which engine mode {mode!r} never holds", None,
                              "declare the clusters public (`clustering: {public: [[...], ...]}`), use "
                              "rr-independent / rr-joint, or use `engine: {mode: memory}`")
 
@@ -558,3 +745,28 @@ def static_budget(spec: ReleaseSpec) -> float:
         elif v.channel == "pram-custom":
             total += dense_epsilon(np.asarray(v.matrix, dtype=float))
     return total
+
+
+def named_private_store(spec_path: str | Path) -> Path | None:
+    """The private store a spec file names, even when the spec does not load (to audit a failed run there).
+
+    The resolved `private_store:` when the file is a YAML mapping with a string `private_store` (named once),
+    "private" beside the spec when it has none; None when the file is missing or unreadable, not YAML, not a
+    mapping, or names the store ambiguously. Nothing but that one value is constructed.
+    """
+    path = Path(spec_path)
+    try:
+        node = yaml.compose(path.read_bytes().decode("utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    values = [v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "private_store"]
+    if not values:
+        store = "private"
+    elif len(values) == 1 and isinstance(values[0], yaml.ScalarNode) and values[0].tag == "tag:yaml.org,2002:str":
+        store = values[0].value
+    else:
+        return None
+    q = Path(store).expanduser()
+    return q if q.is_absolute() else (path.resolve().parent / q).resolve()

@@ -15,8 +15,25 @@ os.environ.setdefault("PREFECT_HOME", str(_HOME))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# Machine-wide pram-release state (the population registry): never the developer's ~/.pram-release.
+os.environ["PRAM_RELEASE_HOME"] = tempfile.mkdtemp(prefix="pram-release-home-")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_module_release_home(tmp_path_factory):
+    """Module-scoped fixtures (a module's shared release) get their own population registry too."""
+    old = os.environ.get("PRAM_RELEASE_HOME")
+    os.environ["PRAM_RELEASE_HOME"] = str(tmp_path_factory.mktemp("pram-release-home-module"))
+    yield
+    os.environ["PRAM_RELEASE_HOME"] = old
+
+
+@pytest.fixture(autouse=True)
+def _fresh_release_home(tmp_path_factory, monkeypatch):
+    """Each test its own population registry: tests reuse population keys in different temp folders."""
+    monkeypatch.setenv("PRAM_RELEASE_HOME", str(tmp_path_factory.mktemp("pram-release-home")))
 
 
 def _free_port() -> int:
