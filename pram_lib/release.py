@@ -6,8 +6,12 @@ what is computed from the released table may be published.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import lzma
 import math
+import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +57,7 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
             _check_columns(spec, header)
             dtypes = {c: "str" for c in categorical}
             dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
-            df = pd.read_csv(path, usecols=wanted, dtype=dtypes, encoding="utf-8",
-                             keep_default_na=False, na_values=["", "NA", "NaN", "?"])
+            df = read_csv_source(spec, path, dtypes)
         else:
             import pyarrow.parquet as pq
 
@@ -65,14 +68,8 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
             for c, t in spec.source.dtypes.items():
                 if c in wanted:
                     df[c] = df[c].astype(t)
-    except UnicodeDecodeError as exc:
-        raise spec.error(("source", "path"), f"the source is not UTF-8 text (byte {exc.start})", str(path),
-                         "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
-    except (ValueError, TypeError) as exc:
-        if isinstance(exc, SpecError):
-            raise
-        raise spec.error(("source",), f"cannot read the source: {exc}", str(path),
-                         "check `source.dtypes` and the file's contents") from None
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
     if file_sha256(path) != digest:
         raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
                          "rerun once the file is complete (write sources under a temporary name and rename them "
@@ -92,7 +89,79 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
                              "check the column, or drop the variable from the spec")
         if v.is_noise:
             df[v.column] = _numeric_column(spec, i, v, df[v.column])
+        elif v.missing == "category":
+            df[v.column] = missing_as_category(spec, i, df[v.column])
     return df, digest
+
+
+UNREADABLE = (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError)  # a truncated or corrupt compressed file
+_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+_OPEN_QUOTE = re.compile(r"EOF inside string starting at row (\d+)")
+
+
+def csv_options(spec: ReleaseSpec, dtypes: dict) -> dict:
+    """pandas.read_csv options of both engines. Every column is read (then the unnamed ones are dropped):
+    with `usecols=` pandas' C reader silently ignores extra fields in a row instead of refusing the row.
+    Only the spec's `source.missing_values` are missing (a category "NA" is a value)."""
+    return dict(dtype=dtypes, encoding="utf-8", keep_default_na=False, na_values=list(spec.source.missing_values))
+
+
+def read_csv_source(spec: ReleaseSpec, path: Path, dtypes: dict) -> pd.DataFrame:
+    """The whole CSV source, only the columns the spec names (raises pandas/IO errors: `source_read_error`)."""
+    import warnings
+
+    with warnings.catch_warnings():  # mixed types in a column the spec does not name: it is dropped anyway
+        warnings.simplefilter("ignore", pd.errors.DtypeWarning)
+        df = pd.read_csv(path, **csv_options(spec, dtypes))
+    return df[needed_columns(spec)]
+
+
+def source_read_error(spec: ReleaseSpec, exc: BaseException, path: Path) -> SpecError:
+    """One located SpecError for a source that cannot be read (the same in every engine; never retried).
+    What pandas says may quote the data, so it goes to `found` only."""
+    if isinstance(exc, SpecError):
+        return exc
+    if isinstance(exc, UnicodeDecodeError):
+        return spec.error(("source", "path"), f"the source is not UTF-8 text (byte {exc.start})", str(path),
+                          "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8")
+    m = _FIELDS.search(str(exc))
+    if m:
+        return spec.error(("source",), f"cannot read the source {path}: line {m[2]} has {m[3]} fields, the "
+                          f"header has {m[1]}", str(path), "quote the fields that contain the delimiter (\"a,b\"), "
+                          "or fix that line of the file")
+    m = _OPEN_QUOTE.search(str(exc))
+    if m:  # pandas counts rows from 0 at the header: row r is line r + 1
+        return spec.error(("source",), f"cannot read the source {path}: a quote opened on line {int(m[1]) + 1} "
+                          "is never closed", str(path), "close the quote on that line (or double a quote inside a "
+                          "quoted field: \"\")")
+    if isinstance(exc, UNREADABLE):
+        return spec.error(("source", "path"), f"the compressed source {path} is truncated or corrupt",
+                          f"{type(exc).__name__}: {exc}", "copy the file again, whole (compare its size or "
+                          "checksum with the original), or point to the uncompressed file")
+    if isinstance(exc, pd.errors.EmptyDataError):
+        return spec.error(("source",), f"cannot read the source {path}: the file is empty (not even a header)",
+                          str(path), "point to the complete file")
+    if isinstance(exc, pd.errors.ParserError):
+        return spec.error(("source",), f"cannot read the source {path}: not well-formed CSV", f"{path}: {exc}",
+                          "fix the file's quoting (an unclosed quote runs to the end of the file)")
+    return spec.error(("source",), f"cannot read the source {path} with the declared types",
+                      f"{path}: {exc}", "check `source.dtypes` and the file's contents")
+
+
+def missing_as_category(spec: ReleaseSpec, i: int, col: pd.Series) -> pd.Series:
+    """`missing: category`: missing values become the category '<missing>' (then profiled and perturbed like
+    any other); a real value '<missing>' in the source would be merged with them, so it is refused."""
+    if bool((col == MISSING).fillna(False).any()):
+        raise spec.error(("variables", i, "missing"), f"the source has the value {MISSING!r}, the label "
+                         "`missing: category` gives missing values", MISSING,
+                         "recode that value in the source, or use `missing: keep`")
+    if not col.isna().any():
+        return col
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        if MISSING not in col.cat.categories:
+            col = col.cat.add_categories([MISSING])
+        return col.fillna(MISSING)
+    return col.fillna(MISSING)
 
 
 def _numeric_column(spec: ReleaseSpec, i: int, v: VariableSpec, col: pd.Series) -> pd.Series:
@@ -121,6 +190,10 @@ def _numeric_column(spec: ReleaseSpec, i: int, v: VariableSpec, col: pd.Series) 
 def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
     present = set(header)
     for i, v in enumerate(spec.variables):
+        if v.is_noise and v.missing == "category":
+            raise spec.error(("variables", i, "missing"), f"{v.channel} adds noise to numbers: a missing value "
+                             "cannot be one more category", v.missing,
+                             "drop `missing:` (missing values of a noised variable stay missing)")
         if v.is_group:
             for j, c in enumerate(v.columns):
                 if c not in present:
@@ -205,7 +278,7 @@ def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
                                                int(np.isnan(x).sum()))
             continue
         if v.categories is not None:
-            cats = tuple(str(c) for c in v.categories)
+            cats = declared_categories(v)
             unknown = set(col.dropna().unique()) - set(cats)
             if unknown:
                 raise spec.error(("variables", i, "categories"), "the source has values outside the declared "
@@ -234,6 +307,27 @@ def profile_source(df: pd.DataFrame, spec: ReleaseSpec) -> Profile:
             info.update(kind="numeric", min=float(s.min()), max=float(s.max()))
         passthrough[c] = info
     return Profile(len(df), out, passthrough, numeric, groups)
+
+
+def declared_categories(v: VariableSpec) -> tuple:
+    """A variable's declared domain; with `missing: category`, '<missing>' is part of it (pram-optimal and
+    rr-uniform add it; a pram-custom or pram-invariant matrix must list it itself)."""
+    cats = tuple(str(c) for c in v.categories)
+    if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "rr-uniform"):
+        cats += (MISSING,)
+    return cats
+
+
+def missing_rule(v: VariableSpec) -> str:
+    """How a variable's missing values are released (for the reports; a rule, no count)."""
+    if v.is_group:
+        return "a category `<missing>` of its own, randomized like any other"
+    if v.is_noise:
+        return "released as missing, without noise"
+    if v.missing == "category":
+        return "the category `<missing>`, perturbed by the channel like any other category"
+    return ("released as missing and NOT perturbed: whether a record's value is missing is not protected "
+            "(`missing: category` perturbs them)")
 
 
 def _group_profile(v: VariableSpec, df: pd.DataFrame) -> GroupProfile:
@@ -288,14 +382,29 @@ class Assignment:
         return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(self.strata_columns, self.stratum))
 
 
+def _stratum_label(vp, key: tuple) -> str:
+    if not vp.strata_columns:
+        return "all"
+    return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(vp.strata_columns, key))
+
+
 def stream(seed: int, *key: int) -> np.random.Generator:
     """An independent random stream per (variable, stratum, purpose): order of steps does not matter."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy=seed, spawn_key=key)))
 
 
 def _prior(spec: ReleaseSpec, i: int, v: VariableSpec, counts: np.ndarray, cats: tuple,
-           seed: int, j: int) -> tuple[np.ndarray, str]:
+           seed: int, j: int, stratum: str = "all") -> tuple[np.ndarray, str]:
     if v.prior == "data":
+        if counts.sum() < v.min_prior_rows:
+            # The published matrix is a function of these few records' values: it would single them out.
+            raise spec.error(("variables", i, "prior"), f"a data prior is taken from fewer than min_prior_rows = "
+                             f"{v.min_prior_rows} rows{'' if stratum == 'all' else ' in a stratum'}: the matrix "
+                             "published for it would depend on a handful of records (the stratum and its row "
+                             "count are under found)", {"stratum": stratum, "rows": int(counts.sum())},
+                             "choose the matrix without the raw data: `prior: uniform`, a public reference "
+                             "`prior: {file: reference.csv}`, or a differentially private histogram "
+                             "`prior: {dp: 0.1}` (or merge small strata)")
         return counts / counts.sum() if counts.sum() > 0 else np.full(len(cats), 1 / len(cats)), \
             "data (the choice of matrix depends on the raw data)"
     if v.prior == "uniform":
@@ -326,7 +435,7 @@ def _prior(spec: ReleaseSpec, i: int, v: VariableSpec, counts: np.ndarray, cats:
 
 def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assignment]:
     from pram_lib.channels.pram import optimal_pram
-    from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr
+    from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr, usable_epsilon
 
     out: list[Assignment] = []
     for i, v in enumerate(spec.variables):
@@ -343,19 +452,22 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             continue
         vp = profile.variables[v.column]
         cats = vp.categories
+        from pram_lib.gate import check_strata  # the gate's χ² checks need enough records per stratum
+
+        check_strata(spec, i, v, vp)
         for j, key in enumerate(vp.strata):
             counts = vp.counts[key]
             prior_label, prior_eps = "none (channel does not depend on the data)", 0.0
             if v.channel == "pram-optimal":
-                p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
+                p, prior_label = _prior(spec, i, v, counts, cats, seed, j, _stratum_label(vp, key))
                 prior_eps = v.prior_epsilon
-                ch = optimal_pram(p, v.epsilon, variable=v.column, categories=cats)
+                ch = optimal_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats)
             elif v.channel == "rr-uniform":
-                ch = uniform_rr(len(cats), math.exp(v.epsilon), variable=v.column, categories=cats)
+                ch = uniform_rr(len(cats), epsilon=v.epsilon, variable=v.column, categories=cats)
             elif v.channel == "pram-custom":
                 ch = custom_channel(np.asarray(v.matrix, dtype=float), cats, variable=v.column)
             else:
-                p, prior_label = _prior(spec, i, v, counts, cats, seed, j)
+                p, prior_label = _prior(spec, i, v, counts, cats, seed, j, _stratum_label(vp, key))
                 prior_eps = v.prior_epsilon
                 if np.any(p <= 0):
                     empty = [c for c, x in zip(cats, p) if x <= 0]
@@ -410,8 +522,29 @@ def choose_noise(spec: ReleaseSpec, i: int, v: VariableSpec, np_: NumericProfile
     if v.eta is not None:
         theta = 1.0 if v.channel == "laplace-noise" else (v.theta if v.theta is not None else 1.0)
         ch = g.fixed_gamma_noise(theta, v.eta, variables=(v.column,))
-        ch.details.update(Q=Q, delta=delta, sup_M_at_choice=g.empirical_sup_M(x, theta, v.eta, Q),
+        try:
+            reached = g.protection_reached(x, theta, v.eta, Q, delta, resolution=v.resolution,
+                                           point_masses=atoms or None,
+                                           point_mass_mode="exclude" if atoms else "as_is")
+        except ValueError as exc:
+            raise spec.error(("variables", i, "column"), f"cannot measure the protection of the noise: {exc}",
+                             v.column, "check the column's values (at least two distinct non-missing values)"
+                             ) from None
+        if not reached["met"] and not v.accept_lower_protection:
+            found = {"sup_M_reached": round(reached["sup_M"], 4), "theta": theta, "eta": v.eta}
+            raise spec.error(
+                ("variables", i, "eta"), f"the fixed noise (theta = {theta:g}, eta = {v.eta:g}) does not reach the "
+                f"required protection level: sup_z P(|X - Z| < {Q:g}*sd(X) | Z = z) on the source must be at most "
+                f"delta = {delta:g}, and it is higher (the level reached is under `found`); the released values "
+                "would pin the true ones down", found,
+                "drop `theta:`/`eta:` to let the optimiser choose the noise for the level, raise `eta:`, or say "
+                "`accept_lower_protection: true` to release with the lower protection (channels.json then shows "
+                "the level reached)")
+        ch.details.update(Q=Q, delta=delta, sup_M_at_choice=reached["sup_M"], sigma_x=reached["sigma_x"],
+                          protection_met=reached["met"], accept_lower_protection=v.accept_lower_protection,
                           differential_privacy=False)
+        if "as_is_sup_M" in reached:
+            ch.details["as_is_sup_M_at_choice"] = reached["as_is_sup_M"]
         return ch
     if v.channel == "laplace-noise":
         grid = [1.0]

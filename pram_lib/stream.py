@@ -13,6 +13,7 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.channel import encode
-from pram_lib.release import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,
-                              VariableProfile, _check_columns, _numeric_column, needed_columns, stream,
-                              to_release_scale)
+from pram_lib.release import (MISSING, NO_STRATUM, UNREADABLE, Assignment, GroupProfile, NumericProfile, Profile,
+                              VariableProfile, _check_columns, _numeric_column, csv_options, declared_categories,
+                              missing_as_category, needed_columns, source_read_error, stream, to_release_scale)
 from pram_lib.spec import ReleaseSpec
 
 PART = "part-{:05d}"
@@ -71,17 +72,20 @@ def check_source(spec: ReleaseSpec) -> None:
     if not path.is_file():
         raise spec.error(("source", "path"), f"source file not found: {path}", spec.source.path,
                          "fix the path (relative paths are taken from the spec's folder)")
-    if spec.source.format == "csv":
-        header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
-        raw = pd.read_csv(path, nrows=1, header=None, dtype="str", encoding="utf-8").iloc[0].tolist()
-        dups = sorted({str(c) for c in raw if raw.count(c) > 1})
-        if dups:
-            raise spec.error(("source", "path"), "the source's header names a column more than once", dups,
-                             "rename the duplicate columns in the source")
-    else:
-        import pyarrow.parquet as pq
+    try:
+        if spec.source.format == "csv":
+            header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
+            raw = pd.read_csv(path, nrows=1, header=None, dtype="str", encoding="utf-8").iloc[0].tolist()
+            dups = sorted({str(c) for c in raw if raw.count(c) > 1})
+            if dups:
+                raise spec.error(("source", "path"), "the source's header names a column more than once", dups,
+                                 "rename the duplicate columns in the source")
+        else:
+            import pyarrow.parquet as pq
 
-        header = pq.ParquetFile(path).schema_arrow.names
+            header = pq.ParquetFile(path).schema_arrow.names
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
     _check_columns(spec, header)
 
 
@@ -111,8 +115,11 @@ def read_chunk(spec: ReleaseSpec, ref: ChunkRef) -> pd.DataFrame:
     schema = pf.schema_arrow
     strings = [c for c in _categorical_columns(spec) | set(spec.passthrough)
                if pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type)]
-    pf = pq.ParquetFile(path, read_dictionary=strings)
-    table = pf.read_row_groups(list(ref.row_groups), columns=wanted)
+    try:
+        pf = pq.ParquetFile(path, read_dictionary=strings)
+        table = pf.read_row_groups(list(ref.row_groups), columns=wanted)
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
     return clean_chunk(spec, table.to_pandas())
 
 
@@ -123,18 +130,24 @@ def iter_chunks(spec: ReleaseSpec) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
         for ref in plan:
             yield ref, read_chunk(spec, ref)
         return
+    import warnings
+
     path = spec.resolve(spec.source.path)
     wanted = needed_columns(spec)
     dtypes = {c: "str" for c in _categorical_columns(spec)}
     dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
     try:
-        reader = pd.read_csv(path, usecols=wanted, dtype=dtypes, encoding="utf-8", keep_default_na=False,
-                             na_values=["", "NA", "NaN", "?"], chunksize=spec.engine.chunk_rows)
-        for i, df in enumerate(reader):
-            yield ChunkRef(i, rows=len(df)), clean_chunk(spec, df)
-    except UnicodeDecodeError as exc:
-        raise spec.error(("source", "path"), f"the source is not UTF-8 text (byte {exc.start})", str(path),
-                         "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+        reader = pd.read_csv(path, chunksize=spec.engine.chunk_rows, **csv_options(spec, dtypes))
+        for i in itertools.count():
+            with warnings.catch_warnings():  # mixed types in a column the spec does not name: it is dropped
+                warnings.simplefilter("ignore", pd.errors.DtypeWarning)
+                df = next(reader, None)
+            if df is None:
+                return
+            chunk = clean_chunk(spec, df)
+            yield ChunkRef(i, rows=len(chunk)), chunk
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
 
 
 def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
@@ -150,6 +163,8 @@ def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
     for i, v in enumerate(spec.variables):
         if v.is_noise:
             df[v.column] = _numeric_column(spec, i, v, df[v.column])
+        elif not v.is_group and v.missing == "category":
+            df[v.column] = missing_as_category(spec, i, df[v.column])
     return df
 
 
@@ -320,7 +335,7 @@ def finish_profile(spec: ReleaseSpec, sk: Sketch) -> Profile:
             raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
                              "check the column, or drop the variable from the spec")
         if v.categories is not None:
-            cats = tuple(str(c) for c in v.categories)
+            cats = declared_categories(v)
             unknown = {str(x) for x in observed} - set(cats)
             if unknown:
                 raise spec.error(("variables", i, "categories"), "the source has values outside the declared "
@@ -363,8 +378,8 @@ class Plan:
     It carries the seed: ship it only to workers you trust with the source itself.
     """
 
-    spec: ReleaseSpec
-    seed: int
+    spec: ReleaseSpec = field(repr=False)
+    seed: int = field(repr=False)        # private: never printed, logged or handed to the orchestrator
     assignments: tuple[Assignment, ...]
     profile_rows: int
     categories: dict[str, tuple]
@@ -691,9 +706,11 @@ def _exact(check: str, passed: bool, message: str, variable: str | None = None) 
 def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
                     out_dir: Path | None) -> dict:
     """The gate of a chunked release: GX on the uniform row sample; exact checks (rows, missing values,
-    ranges, source unchanged between the passes) and the channel tests on counts over every row."""
+    ranges, source unchanged between the passes) and the channel tests on counts over every row, with
+    Holm's step-down procedure over the tests (``validation.level`` is the release's family-wise error rate)."""
     from pram_lib.gate import declared_columns
-    from pram_lib.validate import channel_consistency_test, gate_message, noise_consistency_test, validate_table
+    from pram_lib.validate import (channel_consistency_test, gate_message, holm, noise_consistency_test,
+                                   validate_table)
 
     assignments = list(plan.assignments)
     declared = declared_columns(spec, profile, assignments)
@@ -737,9 +754,49 @@ def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: Chu
                                        .astype(float), a.channel, level=spec.validation.level)
         res.update(variable=a.column, stratum=a.stratum_label)
         stats.append(res)
+    holm(stats, spec.validation.level)
     stats += checks
     passed = bool(gx["success"]) and all(s["passed"] for s in stats)
     failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
         if not gx["success"] else []
     message = "" if passed else gate_message([*(s for s in stats if not s["passed"])] + failed)
     return {"passed": passed, "gx": gx, "statistical": stats, "message": message}
+
+
+# -- an existing Dask scheduler ------------------------------------------------------------------------
+DASK_CONNECT_TIMEOUT = 3.0  # seconds
+
+
+def check_dask_address(spec: ReleaseSpec, timeout: float = DASK_CONNECT_TIMEOUT) -> None:
+    """`engine.address` names a reachable scheduler: a TCP connect to its host and port and, for tcp://, the
+    first bytes of the handshake a Dask scheduler sends unasked (a proxy or firewall that accepts every
+    connection sends none). `timeout` seconds at most in all, before the run starts; Dask itself would wait
+    30 s and then fail with a bare OSError."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    address = spec.engine.address
+    if address is None:
+        return
+    fix = "give the scheduler as tcp://host:port (e.g. tcp://10.0.0.5:8786), or drop `address:` for a local cluster"
+    text = address.strip()
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number in 0..65535
+        host, port = None, None
+    if parts.scheme not in ("tcp", "tls") or not host or port is None or parts.path not in ("", "/"):
+        raise spec.error(("engine", "address"), "not a Dask scheduler address (tcp://host:port)", address, fix)
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            if parts.scheme == "tcp":  # tls: the scheduler speaks only after the client's TLS hello
+                conn.settimeout(max(deadline - time.monotonic(), 0.05))
+                if not conn.recv(16):
+                    raise ConnectionResetError(0, "closed without a Dask handshake")
+    except OSError as exc:
+        reason = ("timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__))
+        raise spec.error(("engine", "address"), f"no Dask scheduler answers at {address} ({reason} within "
+                         f"{timeout:g} s)", address, "start the scheduler (`dask scheduler`) and check the host, "
+                         "port and firewall, or drop `address:` to run a local cluster") from None

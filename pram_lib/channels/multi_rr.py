@@ -546,7 +546,7 @@ class GroupChannel:
 
     @property
     def gamma(self) -> float:
-        return math.exp(self.epsilon) if math.isfinite(self.epsilon) else math.inf
+        return math.exp(self.epsilon) if self.epsilon < 709.0 else math.inf  # e^709.79 overflows float64
 
     # -- publication -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -635,13 +635,20 @@ def group_channel(categories: Any, clusters: Sequence[Sequence[int]], epsilon: A
                   details: dict | None = None) -> GroupChannel:
     """RR on a given partition: attribute A gets ε_A (``epsilon`` total split equally, or per attribute),
     cluster C gets E_C = Σ_{A∈C} ε_A (§3.7)."""
+    from pram_lib.channels.rr import MAX_EPSILON, usable_epsilon
+
     names, cats = _normalise_categories(categories, attributes)
     eps = _attribute_epsilons(epsilon, len(cats))
     cl = [tuple(int(j) for j in c) for c in clusters]
+    wanted = [sum(eps[j] for j in c) for c in cl]
+    extra = {}
+    if any(w > MAX_EPSILON for w in wanted):  # 1 - keep would round to 0: see rr.MAX_EPSILON
+        extra = {"requested_cluster_epsilons": wanted,
+                 "note": f"clusters above epsilon = {MAX_EPSILON:g} are built at it (float64 resolves no more)"}
     return GroupChannel(attributes=tuple(names), categories=tuple(cats), clusters=tuple(cl),
-                        cluster_epsilons=tuple(sum(eps[j] for j in c) for c in cl), method=method,
+                        cluster_epsilons=tuple(usable_epsilon(w) for w in wanted), method=method,
                         epsilon_dependence=epsilon_dependence, dependence=dependence,
-                        details={"attribute_epsilons": eps, **(details or {})})
+                        details={"attribute_epsilons": eps, **extra, **(details or {})})
 
 
 def rr_independent(categories: Any, epsilon: Any, *, attributes: Sequence[str] | None = None) -> GroupChannel:

@@ -14,6 +14,7 @@ See ``shared/reference/chai_nayak.md`` for the maths (§-numbers below refer to 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -415,30 +416,76 @@ def trace_bound(k: int, gamma: float) -> float:
     return float(k) if np.isinf(g) else k * g / (g + k - 1)
 
 
-def uniform_rr(k: int, gamma: float, *, variable: str = "x", categories: Sequence[Any] | None = None) -> Channel:
+MAX_EPSILON = 30.0
+"""The largest ε a channel is built at. Beyond it 1 − keep < (k−1)·1e-13 is below what float64 and the
+53-bit sampler resolve (1 − keep would round, and the sampled channel would not be the published one). A
+larger requested level is met by the channel at MAX_EPSILON: a channel with a smaller ε satisfies every
+larger level, and it differs from the requested one by less than (k−1)·e^-30 ≈ 1e-13 per record."""
+
+
+def usable_epsilon(epsilon: float) -> float:
+    """The ε a channel is built at for a requested level: min(ε, MAX_EPSILON)."""
+    return min(float(epsilon), MAX_EPSILON)
+
+
+def _keep_at_most(k: int, eps: float) -> float:
+    """Keep probability 1/(1 + (k−1)e^{−ε}) of k-RR (no overflow for any ε), rounded down to the float whose
+    channel has level ≤ ε (round-off would otherwise give 1e-8 more than ε at ε = 20, 1e-4 at ε = 30)."""
+    from pram_lib.channel import keep_uniform_epsilon
+
+    q = 1.0 / (1.0 + (k - 1) * math.exp(-eps))
+    for _ in range(10_000):  # a few steps at most: each moves 1 − q by one ulp of 1
+        if q <= 1.0 / k or keep_uniform_epsilon(np.full(k, q)) <= eps + 1e-12:
+            break
+        q = float(np.nextafter(q, 0.0))
+    return q
+
+
+def uniform_rr(k: int, gamma: float | None = None, *, epsilon: float | None = None, variable: str = "x",
+               categories: Sequence[Any] | None = None) -> Channel:
     """Chai–Nayak uniform randomized response P0(k, γ) as a family-(8) Channel.
 
     Keep the true value w.p. γ/(γ+k-1), else report one of the other k-1 values uniformly; the
-    channel is γ-private with parity exactly γ (ε = ln γ). ``objective`` is I(X;Z) in nats under a
+    channel is γ-private with parity exactly γ (ε = ln γ). Give γ, or ``epsilon`` = ln γ (any finite size:
+    e^ε is never formed). A finite level above MAX_EPSILON is met by the channel at MAX_EPSILON
+    (``details['requested_epsilon']``); γ = inf is the identity. ``objective`` is I(X;Z) in nats under a
     uniform prior (the output is then uniform too).
     """
     k = int(k)
-    g = _gamma(gamma)
+    if (gamma is None) == (epsilon is None):
+        raise ValueError("give gamma or epsilon, exactly one")
+    if epsilon is not None:
+        e = float(epsilon)
+        if not e >= 0:  # also rejects NaN
+            raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
+        requested = e
+    else:
+        g0 = _gamma(gamma)
+        requested = math.inf if np.isinf(g0) else math.log(g0)
     cats = tuple(range(k)) if categories is None else tuple(categories)
     if len(cats) != k:
         raise ValueError(f"{len(cats)} categories given for k = {k}")
     if len(set(cats)) != k:
         raise ValueError(f"categories of {variable!r} are not unique: {list(cats)}")
-    q = 1.0 if np.isinf(g) else g / (g + k - 1)
+    if math.isinf(requested):
+        eps, q = math.inf, 1.0
+    else:
+        eps = usable_epsilon(requested)
+        q = _keep_at_most(k, eps) if k > 1 else 1.0
+    g = math.exp(eps) if math.isfinite(eps) else math.inf
     r = (1.0 - q) / (k - 1) if k > 1 else 0.0
     xlogx = lambda v: v * np.log(v) if v > 0 else 0.0  # noqa: E731
     mi = float(np.log(k) + xlogx(q) + (k - 1) * xlogx(r))
     details = {
         "design": "P0 (Chai & Nayak 2018, Theorem 4.4): unique trace maximiser at parity gamma",
-        "gamma": _num(g), "epsilon": _num(np.log(g)), "keep": q, "off_diagonal": r,
+        "gamma": _num(g), "epsilon": _num(eps), "keep": q, "off_diagonal": r,
         "forced_response_theta": 1.0 if np.isinf(g) else (g - 1) / (g + k - 1),
         "objective": "I(X;Z) in nats under a uniform prior",
     }
+    if requested != eps:
+        details["requested_epsilon"] = _num(requested)
+        details["note"] = (f"built at epsilon = {MAX_EPSILON:g}, the largest level float64 resolves; it meets the "
+                           "requested level (a smaller epsilon is more private)")
     return Channel(variables=(variable,), categories=cats, method="uniform-rr P0 (Chai-Nayak)",
                    objective=mi, keep=np.full(k, q), details=details)
 
