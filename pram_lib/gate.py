@@ -42,6 +42,34 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     return cols
 
 
+def check_strata(spec: ReleaseSpec, i: int, v, vp) -> None:
+    """Refuse strata too fine for the gate's χ² consistency check (known from the profile, before any channel).
+
+    The check of one stratum refers a quadratic form of its released counts to χ², which needs expected
+    counts of about ``validation.min_expected`` (5, Cochran's rule) per released category. The expected
+    counts of a stratum sum to its n_s non-missing records over k categories, so a stratum with
+    n_s < min_expected · k has a mean expected count below the rule. A continuous or identifier-like
+    stratum column gives about one record per stratum and fails at once.
+    """
+    if not v.strata or spec.validation.min_expected <= 0:
+        return
+    k = len(vp.categories)
+    sizes = np.array([float(np.sum(vp.counts[key])) for key in vp.strata])
+    need = spec.validation.min_expected * k
+    small = (sizes > 0) & (sizes < need)
+    if small.any():
+        raise spec.error(
+            ("variables", i, "strata"),
+            f"the strata of {v.column!r} are too fine for the gate: some strata have fewer than "
+            f"{spec.validation.min_expected:g} records per category on average, so the χ² consistency check of "
+            "their released counts is meaningless (counts are under `found`)",
+            {"strata": int(sizes.size), "strata_too_small": int(small.sum()),
+             "smallest_stratum": int(sizes[small].min()), "records_needed_per_stratum": int(np.ceil(need)),
+             "categories": k},
+            "coarsen the stratum column (e.g. age bands instead of single years; merge rare values), stratify on "
+            "fewer columns, or drop `strata:`; `validation.min_expected:` sets the records needed per category")
+
+
 def _noise_column(v, profile: Profile, channel) -> dict:
     """A noised column: numeric, same missing values; inside the public bounds widened by the noise's
     1e-9/n tail quantile when bounds are declared, else merely finite."""
@@ -77,7 +105,10 @@ def _group_tests(a: Assignment, profile: Profile, released: pd.DataFrame, level:
 
 def run_gate(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], released: pd.DataFrame,
              out_dir: Path | None) -> dict:
-    from pram_lib.validate import channel_consistency_test, gate_message, noise_consistency_test, validate_table
+    """GX on the released table, then every statistical check (per variable, stratum and cluster) with
+    Holm's step-down procedure: ``validation.level`` is the family-wise error rate of the whole release."""
+    from pram_lib.validate import (channel_consistency_test, gate_message, holm, noise_consistency_test,
+                                   validate_table)
 
     gx = validate_table(released, declared_columns(spec, profile, assignments), profile.n_rows, out_dir)
     stats = []
@@ -99,6 +130,7 @@ def run_gate(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment],
         res = channel_consistency_test(np.asarray(src), rel, a.channel, level=spec.validation.level)
         res.update(variable=a.column, stratum=a.stratum_label)
         stats.append(res)
+    holm(stats, spec.validation.level)
     passed = bool(gx["success"]) and all(s["passed"] for s in stats)
     failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
         if not gx["success"] else []

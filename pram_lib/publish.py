@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -132,6 +134,7 @@ def noise_entry(spec: ReleaseSpec, a: Assignment) -> dict:
     d["protection"].setdefault("delta", v.level.delta)
     d["protection"]["measure"] = ("sup over a finite z-set of P(|X - Z| < Q*sd(X) | Z = z) <= delta, "
                                   "computed on the source (Ghatak, Sengupta & Roy); NOT differential privacy")
+    d["protection"].update(_protection_reached(v, details, d["protection"]["delta"]))
     d["theta_grid"] = details.get("curve", {}).get("theta")
     d.update(variable=a.column, stratum="all", strata_columns=[], stratum_key=[], prior=a.prior, prior_epsilon=0.0,
              scale=v.transform if v.transform != "none" else "identity",
@@ -140,6 +143,23 @@ def noise_entry(spec: ReleaseSpec, a: Assignment) -> dict:
              "(2 Gamma(theta) eta^theta)",
              point_masses=list(v.point_masses), missing="missing values stay missing")
     return d
+
+
+def _protection_reached(v, details: dict, delta: float) -> dict:
+    """The level the published noise actually reaches (the measured sup posterior mass) next to the one
+    required. Rounded: the measure is computed on the source."""
+    from pram_lib.channels.gamma import PROTECTION_TOLERANCE
+
+    sup = details.get("sup_M_at_choice")
+    if sup is None:
+        return {"delta_required": delta, "sup_M_reached": None, "level_met": None}
+    out = {"delta_required": delta, "sup_M_reached": round(float(sup), 4),
+           "level_met": bool(sup <= delta + PROTECTION_TOLERANCE),
+           "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection)}
+    if "as_is_sup_M_at_choice" in details:
+        out["scope"] = "records not at a listed point mass (the noise is added to every record)"
+        out["sup_M_reached_all_records"] = round(float(details["as_is_sup_M_at_choice"]), 2)
+    return out
 
 
 def write_data(stage: Stage, released: pd.DataFrame, csv: bool) -> list[str]:
@@ -233,21 +253,57 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -
         err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
         ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
                label="estimated true distribution, 95% interval")
-        ax.set_xticks(x, [str(c) for c in g["category"]], rotation=60, ha="right", fontsize=8)
+        ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
         ax.set_ylabel("share of records")
-        ax.set_title(f"{var}: estimated true distribution vs released frequencies")
+        ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
         ax.axhline(0, color="black", linewidth=0.5)
         ax.legend(fontsize=8)
         files.append(_save_plot(stage, fig, var))
     return files
 
 
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+
+
+def file_stem(name: str) -> str:
+    """A file name stem for a data or spec name: the name itself when it is a plain word (letters, digits,
+    '.', '_', '-'; at most 80 characters; not ending in '.'), else a slug of it plus a short hash of the name,
+    so that no name can leave its folder ('../x', 'a/b', '..') and two names never share a stem."""
+    name = str(name)
+    if _SAFE_NAME.fullmatch(name) and not name.endswith("."):
+        return name
+    return _hashed_stem(name)
+
+
+def _hashed_stem(name: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:60] or "var"
+    return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
+def staged_path(stage: Stage, name: str) -> Path:
+    """stage.tmp / name, refused unless it resolves inside the staged folder."""
+    root = stage.tmp.resolve()
+    p = (stage.tmp / name).resolve()
+    if not p.is_relative_to(root) or p == root:
+        raise ValueError(f"refusing to write {name!r}: it resolves outside the release folder {root}")
+    return p
+
+
+def _plot_label(var: str) -> str:
+    return str(var).replace("$", r"\$")  # matplotlib would parse '$...$' as mathtext
+
+
 def _save_plot(stage: Stage, fig, var: str) -> str:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    name = f"plots/{var}.png"
-    fig.savefig(stage.tmp / name, dpi=100, metadata={"Software": None})
+    name = f"plots/{file_stem(var)}.png"
+    if staged_path(stage, name).exists():  # a plain name equal to another's hashed stem, or a case-only clash
+        name = f"plots/{_hashed_stem(var)}.png"
+    path = staged_path(stage, name)
+    if path.exists():
+        raise ValueError(f"two variables would write the same plot file {name!r}")
+    fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
     return name
 
@@ -264,7 +320,7 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
     for var, g in curves.groupby("variable", sort=False):
         x = g["x"].to_numpy()
         scale = g["scale"].iloc[0]
-        label = var if scale == "identity" else f"{scale}({var})"
+        label = _plot_label(var) if scale == "identity" else f"{scale}({_plot_label(var)})"
         z = released[var].to_numpy(dtype=float)
         z = np.sort(z[~np.isnan(z)])
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -275,14 +331,14 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
         a1.set_xlim(x.min(), x.max())
         a1.set_ylim(-0.02, 1.02)
         a1.set_xlabel(label)
-        a1.set_title(f"{var}: distribution function")
+        a1.set_title(f"{_plot_label(var)}: distribution function")
         a1.legend(fontsize=7, loc="lower right")
         a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
                 label="released values (histogram)")
         a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6", label="95% pointwise band")
         a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
         a2.set_xlabel(label)
-        a2.set_title(f"{var}: density")
+        a2.set_title(f"{_plot_label(var)}: density")
         a2.legend(fontsize=7)
         files.append(_save_plot(stage, fig, var))
     return files
@@ -355,6 +411,7 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
               "source. The published matrix therefore depends on confidential data; the ε above covers the "
               "released values, not what the choice of matrix reveals. Use `prior: uniform`, a public file or "
               "`prior: {dp: ε0}` for a release whose every output is covered.", ""]
+    L += missing_values_section(spec)
     if groups:
         L += group_report_section(spec, groups)
     if noise:
@@ -387,14 +444,23 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
              "expectations met (row count, schema, domains, no new missing values, ranges); details in `validation/`.")
     stats = validation.get("statistical", [])
     ok = sum(1 for s in stats if s.get("passed"))
-    L.append(f"- Channel consistency: {ok}/{len(stats)} checks passed at level {spec.validation.level:g} "
-             "(released counts vs the channel applied to the source; the statistics stay in the private store "
-             "because they use source counts).")
+    L.append(f"- Channel consistency: {ok}/{len(stats)} checks passed at family-wise level "
+             f"{spec.validation.level:g} "
+             "(Holm's step-down over all the checks; released counts vs the channel applied to the source; the "
+             "statistics stay in the private store because they use source counts).")
     L += ["", "## Using this release", "",
           "```python\nimport json, pandas as pd\nfrom pram_lib.channel import Channel\n"
           "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
           "data = pd.read_parquet('data.parquet')\n```", ""]
     return "\n".join(L)
+
+
+def missing_values_section(spec: ReleaseSpec) -> list[str]:
+    """How each variable's missing values are released: the rule only (how many there are is a source
+    statistic; the internal report has the counts)."""
+    from pram_lib.release import missing_rule
+
+    return ["## Missing values", "", *(f"- `{v.key}`: {missing_rule(v)}" for v in spec.variables), ""]
 
 
 def group_report_section(spec: ReleaseSpec, groups: list[Assignment]) -> list[str]:
@@ -533,6 +599,10 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
         L.append(f"| `{u['variable']}` | {u['tvd_source_vs_estimate']:.4f} | {u['tvd_source_vs_unbiased']:.4f} | "
                  f"{u['tvd_source_vs_released_raw']:.4f} | {u['mutual_information_true_p']:.4g} | "
                  f"{100 * u['interval_coverage']:.0f}% |")
+    L += ["", "## Missing values in the source", "", "| variable | missing in the source | released as |",
+          "|---|---|---|"]
+    for v in spec.variables:
+        L.append(f"| `{v.key}` | {_source_missing(v, profile)} | {v.missing if not (v.is_group or v.is_noise) else '—'} |")
     L += ["", "## Disclosure risk of the key variables", "",
           f"keys: {', '.join(keys)}", "", "| | sample uniques | k-anonymity | cells |", "|---|---|---|---|",
           f"| source | {risk['before']['sample_uniques']} | {risk['before']['k_anonymity']} | {risk['before'].get('cells')} |",
@@ -565,6 +635,20 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
                      f"{u['sup_M_at_choice']} | {u['sigma_x']} |")
         L += ["", "Chooser diagnostics (confidential: they use the source) are in `internal.json`."]
     return "\n".join(L) + "\n", {"utility": util, "risk": risk, "continuous": numeric, "groups": grp}
+
+
+def _source_missing(v, profile: Profile) -> int:
+    from pram_lib.release import MISSING
+
+    if v.is_group:
+        return int(sum(profile.groups[v.key].missing.values()))
+    if v.is_noise:
+        return int(profile.numeric[v.column].missing)
+    vp = profile.variables[v.column]
+    n = int(sum(vp.missing.values()))
+    if MISSING in vp.categories:  # `missing: category`: they were counted as that category
+        n += int(sum(c[vp.categories.index(MISSING)] for c in vp.counts.values()))
+    return n
 
 
 def group_utility(assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["validate_table", "channel_consistency_test", "gate_message", "NUMERIC_TYPE_LIST"]
+__all__ = ["validate_table", "channel_consistency_test", "noise_consistency_test", "holm", "gate_message",
+           "NUMERIC_TYPE_LIST"]
 
 # GX 1.24.1 + pandas 3 dtype handling (checked on this machine):
 # * ExpectColumnValuesToBeOfType compares the dtype's *scalar type*: a `category` column reports
@@ -366,7 +367,7 @@ def channel_consistency_test(source_counts: np.ndarray, released_counts: np.ndar
     def fail(reason: str, method_name: str) -> dict:
         return {"statistic": None, "df": None, "p_value": 0.0, "level": float(level), "passed": False,
                 "method": method_name, "n_source": n_total, "n_released": N_total, "reason": reason,
-                "message": f"Consistency test of the {what}: FAILED: {reason}"}
+                "deterministic": True, "message": f"Consistency test of the {what}: FAILED: {reason}"}
 
     if abs(N_total - n_total) > 0.5:
         return fail(f"the released counts total {N_total:,.0f} but the source has {n_total:,.0f} non-missing "
@@ -450,12 +451,16 @@ def channel_consistency_test(source_counts: np.ndarray, released_counts: np.ndar
     p = _chi2_sf(stat, int(df))
     passed = bool(p >= level)
     verdict = "consistent" if passed else "NOT consistent"
-    msg = (f"Consistency test of the {what}: Mahalanobis statistic {stat:.4g} on {df} df "
-           f"(χ² approximation), p = {p:.3g} {'>=' if passed else '<'} level {level:g}: the release is "
-           f"{verdict} with the channel{'.' if passed else ' (the data were not produced by this channel, or the source counts differ).'}")
+    description = (f"Consistency test of the {what}: Mahalanobis statistic {stat:.4g} on {df} df "
+                   "(χ² approximation)")
+    msg = (f"{description}, p = {p:.3g} {'>=' if passed else '<'} level {level:g}: the release is "
+           f"{verdict} with the channel{'.' if passed else _NOT_CONSISTENT}")
     return {"statistic": stat, "df": int(df), "p_value": p, "level": float(level), "passed": passed,
             "method": method_name, "n_source": n_total, "n_released": N_total, "reason": None if passed else
-            f"p = {p:.3g} < {level:g}", "message": msg}
+            f"p = {p:.3g} < {level:g}", "message": msg, "description": description}
+
+
+_NOT_CONSISTENT = " (the data were not produced by this channel, or the source counts differ)."
 
 
 def noise_consistency_test(source: np.ndarray, released: np.ndarray, channel, level: float = 1e-3) -> dict:
@@ -471,14 +476,48 @@ def noise_consistency_test(source: np.ndarray, released: np.ndarray, channel, le
     name = "/".join(channel.variables) or "variable"
     base = {"level": level, "method": "kolmogorov-smirnov on released - source", "df": None}
     if x.shape != z.shape or not np.array_equal(np.isnan(x), np.isnan(z)):
-        return {**base, "passed": False, "statistic": float("nan"), "p_value": 0.0,
+        return {**base, "passed": False, "statistic": float("nan"), "p_value": 0.0, "deterministic": True,
                 "reason": "missing values or row count changed", "message": f"{name}: rows or missingness changed"}
     d = (z - x)[~np.isnan(x)]
     res = stats.kstest(d, channel.noise.cdf)
     passed = bool(res.pvalue >= level)
+    description = f"{name}: KS D = {res.statistic:.4g} on {d.size} differences"
     return {**base, "passed": passed, "statistic": float(res.statistic), "p_value": float(res.pvalue),
-            "reason": None if passed else f"p = {res.pvalue:.3g} < {level:g}",
-            "message": f"{name}: KS D = {res.statistic:.4g} on {d.size} differences, p = {res.pvalue:.3g}"}
+            "reason": None if passed else f"p = {res.pvalue:.3g} < {level:g}", "description": description,
+            "message": f"{description}, p = {res.pvalue:.3g}"}
+
+
+def holm(results: list[dict], level: float) -> list[dict]:
+    """Holm's step-down procedure over the p-values of a release's statistical checks, in place.
+
+    The family-wise error rate (the chance that a correct release is refused by any check) is at most
+    ``level``, whatever the dependence between the checks (Holm 1979). With p_(1) ≤ … ≤ p_(m), H_(k) is
+    rejected iff p_(j) < level / (m − j + 1) for every j ≤ k; equivalently iff Holm's adjusted p-value
+    max_{j≤k} min(1, (m − j + 1) p_(j)) is below ``level``. Every check gets ``p_value`` (raw, unchanged),
+    ``holm_threshold`` (level / (m − rank + 1)), ``p_adjusted``, ``family_size`` (m), ``level`` (the
+    family-wise level) and ``passed``. Results flagged ``deterministic`` (a count or missingness that H0
+    makes impossible) and results without a p-value (exact checks) are left as they are and not counted.
+    """
+    family = [r for r in results if r.get("p_value") is not None and not r.get("deterministic")]
+    m = len(family)
+    order = sorted(range(m), key=lambda i: family[i]["p_value"])
+    running = 0.0
+    for rank, i in enumerate(order):
+        r = family[i]
+        p = float(r["p_value"])
+        thr = level / (m - rank)
+        running = max(running, min(1.0, (m - rank) * p))
+        passed = bool(running >= level)
+        r.update(level=float(level), holm_threshold=thr, p_adjusted=running, family_size=m, passed=passed,
+                 reason=None if passed else (f"Holm-adjusted p = {running:.3g} < family-wise level {level:g} "
+                                             f"(p = {p:.3g}, Holm threshold {thr:.3g}, {m} checks)"))
+        if "description" in r:
+            verdict = ("consistent with the channel." if passed else "NOT consistent with the channel" +
+                       (_NOT_CONSISTENT if r.get("df") is not None else "."))
+            r["message"] = (f"{r['description']}, p = {p:.3g}, Holm-adjusted p = {running:.3g} "
+                            f"{'>=' if passed else '<'} family-wise level {level:g} over {m} checks: "
+                            f"the release is {verdict}")
+    return results
 
 
 # =================================================================================================
@@ -511,6 +550,9 @@ def gate_message(results: list[dict]) -> str:
                              f"{res.get('message')} ({res.get('reason')})")
             elif res.get("df") is None:
                 parts.append(f"{where}: released counts inconsistent with the channel: {res.get('reason')}")
+            elif "holm_threshold" in res:
+                parts.append(f"{where}: released counts inconsistent with the channel: statistic "
+                             f"{res['statistic']:.4g} on {res['df']} df, {res['reason']} ({res.get('method')})")
             else:
                 parts.append(f"{where}: released counts inconsistent with the channel: statistic "
                              f"{res['statistic']:.4g} on {res['df']} df, p = {res['p_value']:.3g} < level "

@@ -43,7 +43,8 @@ def spec_dict(folder: Path, release: str = "synth", source: str = "src.csv", pop
         ],
     }
     if noise:
-        spec["variables"].append({"column": "score", "channel": "laplace-noise", "eta": 2.0})
+        spec["variables"].append({"column": "score", "channel": "laplace-noise", "eta": 2.0,
+                                  "accept_lower_protection": True})
     if population is not None:
         spec["population"] = population
     spec.update(edits)

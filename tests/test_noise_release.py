@@ -32,6 +32,7 @@ variables:
   - column: hours
     channel: laplace-noise
     eta: 3.0
+    accept_lower_protection: true
 """
 
 

@@ -58,7 +58,7 @@ __all__ = [
     "population_M", "population_sup_M", "population_mu", "population_eta", "population_eta_curve",
     "lemma21_mu", "lemma21_sup_M",
     "empirical_M", "empirical_sup_M", "empirical_mu", "eta_for_theta", "eta_curve", "ConstraintCurve",
-    "utility_criterion", "choose_gamma_noise", "fixed_gamma_noise", "laplace_noise",
+    "utility_criterion", "choose_gamma_noise", "fixed_gamma_noise", "laplace_noise", "protection_reached",
     "detect_point_masses", "prior_concentration", "NoiseChannel", "InfeasibleProtectionError",
     "DEFAULT_Q", "DEFAULT_DELTA", "DEFAULT_THETA_GRID",
 ]
@@ -1271,6 +1271,39 @@ def _jsonable(o: Any) -> Any:
 def fixed_gamma_noise(theta: float, eta: float, variables: Sequence[str] = ("x",)) -> NoiseChannel:
     """A channel with given (ϑ, η) (no choice from data)."""
     return NoiseChannel(variables=tuple(variables), theta=theta, eta=eta, method="gamma-fixed")
+
+
+PROTECTION_TOLERANCE = 1e-6  # sup M̂ may exceed δ by the root finder's tolerance on the constraint curve
+
+
+def protection_reached(x: Any, theta: float, eta: float, Q: float = DEFAULT_Q, delta: float = DEFAULT_DELTA, *,
+                       method: str = "auto", m: int = DEFAULT_M, bins: int = DEFAULT_BINS, strict: bool = True,
+                       resolution: float | None = None, point_masses: Sequence[float] | None = None,
+                       point_mass_mode: str = "as_is") -> dict:
+    """The level a given (ϑ, η) actually reaches on the data: sup_z M̂_{(z,Q)} (Eq. (7)) against δ.
+
+    Evaluated as :func:`choose_gamma_noise` evaluates its constraint (same z-set, ``resolution`` and
+    point-mass handling), so a fixed noise and an optimised one are measured alike. Returns
+    ``{"Q", "delta", "sup_M", "met", "sigma_x"[, "as_is_sup_M"]}``; ``met`` is ``sup_M ≤ δ`` (up to
+    :data:`PROTECTION_TOLERANCE`). A tiny η gives ``sup_M`` near 1: the released value pins the true
+    one down to the window.
+    """
+    _check_level(Q, delta)
+    theta, eta = _check(theta, eta)
+    xa, _ = _clean(x)
+    xm = xa
+    if point_masses is not None and len(point_masses) > 0 and point_mass_mode == "exclude":
+        xm = xa[~np.isin(xa, np.asarray(point_masses, dtype=float))]
+    elif point_mass_mode not in ("as_is", "exclude"):
+        raise ValueError("point_mass_mode must be 'as_is' or 'exclude'")
+    s = _sigma_hat(xm)
+    sup = float(_make_evaluator(xm, Q * s, method, m, bins, strict, resolution).sup(theta, eta))
+    out = {"Q": float(Q), "delta": float(delta), "sup_M": sup, "met": bool(sup <= delta + PROTECTION_TOLERANCE),
+           "sigma_x": s}
+    if xm.size < xa.size:
+        out["as_is_sup_M"] = float(_make_evaluator(xa, Q * _sigma_hat(xa), method, m, bins, strict,
+                                                   resolution).sup(theta, eta))
+    return out
 
 
 def laplace_noise(eta: float, variables: Sequence[str] = ("x",)) -> NoiseChannel:
