@@ -4,7 +4,9 @@ A run writes `<private>/runs/<run_id>.json` when it starts, rewrites it (atomica
 and removes it when it ends, failed or not (after its audit entry). A journal whose process is gone
 belongs to a run that was killed (SIGKILL, power loss, out of memory). The next run on the same
 private store recovers it: it removes the run's staging folder, settles or cancels its ledger
-reservation, and appends a `release-interrupted` audit entry that names the step it died in.
+reservation, and appends a `release-interrupted` audit entry that names the step it died in (and, when its
+folder was published, says so and vouches for it). A run that ended but could not write its audit entry
+(a full disk) hands its journal over (`RunJournal.hand_over`) and is recovered the same way.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import shutil
 import socket
 from pathlib import Path
 
-from pram_lib.audit import AuditLog, sha256_file, utc_now
+from pram_lib.audit import AuditLog, sha256_file, utc_now, write_atomic
 
 RUNS = "runs"
 FINAL_EVENTS = ("release-published", "release-failed", "release-interrupted")
+_OPEN: set[str] = set()  # run ids whose journal this process opened and has not closed or handed over
 
 
 def _start_time(pid: int) -> str | None:
@@ -58,14 +61,13 @@ class RunJournal:
                                       **fields})
         j.path.parent.mkdir(parents=True, exist_ok=True)
         j._write()
+        _OPEN.add(run_id)
         return j
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f, default=str)
-        os.replace(tmp, self.path)
+        """Replace the journal atomically; on any error (a full disk) remove the tmp file and raise."""
+        # not fsynced: a journal outlives a killed process, not a power cut (it is rewritten at every step)
+        write_atomic(self.path, json.dumps(self.data, default=str).encode(), durable=False)
 
     def mark(self, step: str, **fields) -> None:
         """Record the step the run is entering (and anything recovery will need, e.g. the staging folder)."""
@@ -79,7 +81,21 @@ class RunJournal:
         """The run ended (its audit entry is written): remove any staging folder it left, then the journal."""
         removed = remove_staging(self.data)
         self.path.unlink(missing_ok=True)
+        _OPEN.discard(self.data.get("run_id"))
         return removed
+
+    def hand_over(self, error: str) -> bool:
+        """The run ended but could not write its audit entry (e.g. a full disk after publishing): keep the
+        journal, marked ended, so the next run on this store writes the entry (`recover`), even from this
+        same process. Never raises; returns whether the mark reached the disk (the journal as last written
+        is recovered either way, once this process has ended or from within it)."""
+        _OPEN.discard(self.data.get("run_id"))
+        self.data.update(ended=utc_now(), error=error)
+        try:
+            self._write()
+            return True
+        except OSError:
+            return False
 
 
 def remove_staging(data: dict) -> list[str]:
@@ -114,10 +130,12 @@ def recover(store: str | Path, settle=None) -> list[dict]:
                 data = {"run_id": path.stem, "pid": -1, "step": "unknown (journal unreadable)"}
             if data.get("host") not in (None, socket.gethostname()):
                 continue  # another machine's run: its liveness cannot be told from here
-            if data.get("pid", -1) > 0 and _alive(int(data["pid"]), data.get("pid_started")):
+            if _running(data):
                 continue
-            ended = {e.get("run_id") for e in log.entries() if e.get("event") in FINAL_EVENTS}
-            entry = _recover_one(store, data, settle, audit=data.get("run_id") not in ended)
+            entries = log.entries()
+            ended = {e.get("run_id") for e in entries if e.get("event") in FINAL_EVENTS}
+            vouched = {(e.get("folder"), e.get("manifest_sha256")) for e in entries if e.get("folder")}
+            entry = _recover_one(store, data, settle, ended, vouched)
             if entry is not None:  # None: killed after its last audit entry, nothing to add
                 out.append(entry)
             path.unlink(missing_ok=True)
@@ -126,12 +144,32 @@ def recover(store: str | Path, settle=None) -> list[dict]:
     return out
 
 
-def _recover_one(store: Path, data: dict, settle, audit: bool) -> dict | None:
+def _running(data: dict) -> bool:
+    """Is the journal's run still going? Not when it was handed over (ended, entry unwritten), nor when it
+    belongs to this process but is no longer open here."""
+    if data.get("ended"):
+        return False
+    pid = data.get("pid", -1)
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return data.get("run_id") in _OPEN
+    return _alive(pid, data.get("pid_started"))
+
+
+def _recover_one(store: Path, data: dict, settle, ended: set, vouched: set) -> dict | None:
+    """Audit (when no entry ended it, or none vouches for the folder it published), then settle the ledger:
+    the entry first, so a failure settling leaves the journal to retry and the release already vouched for."""
     final = Path(data["stage_final"]) if data.get("stage_final") else None
     removed = remove_staging(data)
     published = final if final is not None and (final / "manifest.json").is_file() else None
+    manifest_sha = sha256_file(published / "manifest.json") if published is not None else None
+    audit = data.get("run_id") not in ended or (published is not None
+                                                 and (published.name, manifest_sha) not in vouched)
     if data.get("error"):
         error = f"{data['error']} (the run could not write its own audit entry; written on recovery)"
+    elif data.get("ended"):
+        error = "the run ended without writing its audit entry (written on recovery)"
     else:
         error = (f"the run's process (pid {data.get('pid')}) ended without finishing, during step "
                  f"{data.get('step')!r} (killed?)")
@@ -139,9 +177,11 @@ def _recover_one(store: Path, data: dict, settle, audit: bool) -> dict | None:
               "started": data.get("started"), "failed_step": data.get("step"), "error": error,
               "staging_removed": removed, "recovered": utc_now()}
     if published is not None:  # the rename happened: the release is public and whole; audit it now
-        fields.update(folder=published.name, manifest_sha256=sha256_file(published / "manifest.json"))
+        fields.update(folder=published.name, manifest_sha256=manifest_sha, published=True,
+                      note=f"the release WAS published: {published} was renamed into place whole before the run "
+                           f"ended; this entry, written on recovery by a later run on this store, vouches for it "
+                           f"(manifest.json sha256 {manifest_sha})")
+    entry = AuditLog(store / "audit.jsonl").append("release-interrupted", **fields) if audit else None
     if settle is not None:
         settle(data, published.name if published is not None else None)
-    if not audit:
-        return None
-    return AuditLog(store / "audit.jsonl").append("release-interrupted", **fields)
+    return entry

@@ -10,6 +10,7 @@ import pytest
 
 import synth
 from flows.cli import main as cli
+from pram_lib.audit import head_path
 from pram_lib.verify import verify_release
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
@@ -17,12 +18,12 @@ pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def published(prefect_server, tmp_path_factory):
-    from flows.release import release_flow
+    from flows.release import run_release
 
     base = tmp_path_factory.mktemp("tamper")
     spec = synth.write_spec(base, noise=True)
-    release_flow(str(spec), seed=1)            # two releases in one audit log: entries before and after
-    folder = Path(release_flow(str(spec), seed=2))
+    run_release(str(spec), seed=1)            # two releases in one audit log: entries before and after
+    folder = Path(run_release(str(spec), seed=2))
     return {"folder": folder, "audit": base / "private" / "audit.jsonl", "base": base}
 
 
@@ -31,6 +32,7 @@ def _copy(published, tmp_path) -> tuple[Path, Path]:
     shutil.copytree(published["folder"], folder)
     audit = tmp_path / "audit.jsonl"
     shutil.copy2(published["audit"], audit)
+    shutil.copy2(head_path(published["audit"]), head_path(audit))
     return folder, audit
 
 
@@ -104,8 +106,21 @@ def test_removed_added_files_and_a_forged_manifest_are_found(published, tmp_path
     assert cli(["verify", str(folder), "--audit", str(audit)]) == 1
     assert "FAIL " + msg in capsys.readouterr().out
 
-    # the entry that published the folder deleted (and the chain re-linked by hand is out of reach)
+    # the entry that published the folder deleted (and the chain re-linked by hand is out of reach):
+    # the head says the log was longer, and no entry vouches for the folder any more
     folder, audit = _copy(published, tmp_path / "drop")
     lines = audit.read_bytes().splitlines(keepends=True)
     audit.write_bytes(b"".join(lines[:-1]))
-    assert _first_failure(folder, audit) == f"{audit}: no audit entry for release {folder.name}"
+    fails = [msg for ok, msg in verify_release(folder, audit) if ok is False]
+    assert fails[0].startswith(f"{audit}: {len(lines) - 1} entries, but the head") and "removed" in fails[0]
+    assert fails[1] == f"{audit}: no audit entry for release {folder.name}"
+
+
+def test_verify_finds_the_audit_log_and_refuses_ok_without_one(published, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)                       # the spec sits beside the releases folder
+    assert cli(["verify", str(published["folder"])]) == 0
+    assert f"audit log: {published['audit']}" in capsys.readouterr().out
+    folder = tmp_path / "copied" / published["folder"].name  # a copy away from its spec and audit log
+    shutil.copytree(published["folder"], folder)
+    assert cli(["verify", str(folder)]) == 3
+    assert "AUDIT NOT CHECKED" in capsys.readouterr().out
