@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import secrets
@@ -32,11 +33,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         else:  # a source larger than memory: the profile pass in chunks, as the release would do it
             from pram_lib import stream
 
+            if spec.engine.address:
+                stream.check_dask_address(spec)
             stream.check_source(spec)
             digest = release.file_sha256(spec.resolve(spec.source.path))
             profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))
         assignments = release.choose_channels(spec, profile, seed)
     except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the source vanished or became unreadable between the checks and the read
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"spec {spec.path} OK: release '{spec.release}', source {profile.n_rows:,} rows "
@@ -70,7 +76,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         from pram_lib.ledger import ledger_for
         from pram_lib.spec import ledger_bound
 
-        pop, ledger = spec.population, ledger_for(spec)
+        try:  # the population may be registered to another ledger (pram_lib.ledger.PopulationRegistry)
+            pop, ledger = spec.population, ledger_for(spec)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         used, need = ledger.spent(pop.key), ledger_bound(spec)
         print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
               f"this release reserves {need:.4g} ({'fits' if used + need <= pop.cap + 1e-9 else 'REFUSED: over the cap'})")
@@ -82,18 +92,49 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         print("note: PREFECT_API_URL is not set; Prefect starts a temporary server for this run (15-25 s). "
               "Start one with `pram-release ui`.", file=sys.stderr)
-    from flows.release import release_flow
+    spec = Path(args.spec)
+    if not spec.is_file():  # before Prefect starts: nothing is created for a spec that is not there
+        print(f"error: {spec}: no such spec file. Fix: check the path", file=sys.stderr)
+        return 2
+    from flows.release import run_release
     from pram_lib.spec import SpecError
+    from tasks.privacy import StepFailed, full_message
 
     t0 = time.perf_counter()
     try:
-        folder = release_flow(str(Path(args.spec).resolve()), seed=args.seed, engine=args.engine)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        folder = run_release(str(spec.resolve()), seed=args.seed, engine=args.engine)
+    except (SpecError, StepFailed) as exc:
+        return _report_failure(exc)
+    except Exception as exc:
+        if getattr(exc, "public", False) is True or isinstance(exc, OSError):  # the gate's refusal, the disk
+            return _report_failure(exc)
+        if getattr(exc.__cause__, "folder", None) is not None:
+            return _report_failure(exc)
+        print(f"error (a programming error, please report it):\n{full_message(exc)}", file=sys.stderr)
+        return 1
     print(f"release: {folder}")
     print(f"flow time: {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _report_failure(exc: BaseException) -> int:
+    """One message for a failed run, no traceback; a release published before the failure is said plainly."""
+    from tasks.privacy import StepFailed, full_message
+
+    run = exc if isinstance(exc, StepFailed) else exc.__cause__
+    folder, unrecorded = getattr(run, "folder", None), getattr(run, "unrecorded", [])
+    if folder is not None:
+        print(f"release: {folder}")
+        print(f"PUBLISHED: the release above is whole and public; a step after publication failed: "
+              f"{full_message(exc)}", file=sys.stderr)
+        for what in unrecorded:
+            print(f"could not record: {what}; the next run on this private store records it", file=sys.stderr)
+        print("Do not rerun to publish it again.", file=sys.stderr)
+        return 3
+    print(f"error: {full_message(exc)}", file=sys.stderr)
+    for what in unrecorded:
+        print(f"could not record: {what}; the next run on this private store records it", file=sys.stderr)
+    return 2 if isinstance(exc, StepFailed) and exc.user_error or not isinstance(exc, StepFailed) else 1
 
 
 def _healthy(port: int) -> bool:
@@ -116,7 +157,7 @@ def start_server(home: Path, port: int, timeout: float = 180) -> tuple[int | Non
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    (home / "server.pid").write_text(str(proc.pid))
+    (home / "server.pid").write_text(json.dumps({"pid": proc.pid, "port": port}))  # `ui --stop` checks both
     deadline = time.time() + timeout
     while time.time() < deadline:
         if _healthy(port):
@@ -127,17 +168,65 @@ def start_server(home: Path, port: int, timeout: float = 180) -> tuple[int | Non
     raise RuntimeError(f"prefect server not healthy after {timeout:.0f} s; see {home / 'server.log'}")
 
 
+def _not_our_server(pid: int, port: int | None, home: Path) -> str | None:
+    """Why process `pid` is not the Prefect server `ui` started for `home` (None: it is)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "no such process"
+    except PermissionError:
+        return "the process belongs to another user"
+    proc = Path("/proc") / str(pid)
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return "no such process"
+    except OSError as exc:
+        return f"its command line cannot be read ({exc.strerror})"
+    args = [a.decode(errors="replace") for a in argv]
+    if not any(a == "prefect" or a.endswith("/prefect") for a in args) or "server" not in args:
+        return "it is not a Prefect server"
+    if port is not None and str(port) not in args:
+        return f"it is not a Prefect server on port {port}"
+    try:
+        env = dict(x.split(b"=", 1) for x in (proc / "environ").read_bytes().split(b"\0") if b"=" in x)
+    except OSError:
+        return None  # not readable: the command line had to do
+    their_home = env.get(b"PREFECT_HOME", b"").decode(errors="replace")
+    if not their_home or Path(their_home).resolve() != home:
+        return f"its PREFECT_HOME is {their_home or 'unset'}, not {home}"
+    return None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     if args.stop:
         pid_file = home / "server.pid"
-        if pid_file.exists():
-            try:
-                os.killpg(int(pid_file.read_text()), 15)
-            except ProcessLookupError:
-                pass
-            pid_file.unlink()
-            print("server stopped")
+        if not pid_file.exists():
+            print(f"no server.pid in {home}: nothing to stop")
+            return 0
+        try:
+            text = pid_file.read_text().strip()
+            doc = json.loads(text) if text.startswith("{") else {"pid": int(text)}  # older files: the pid only
+            pid, port = int(doc["pid"]), doc.get("port")
+            port = int(port) if port is not None else None
+            why = None if pid > 1 else "not a process id of ours"
+        except (OSError, ValueError, KeyError, TypeError):
+            pid, why = None, "it does not hold a process id"
+        why = why or _not_our_server(pid, port, home)
+        if why is not None:
+            pid_file.unlink(missing_ok=True)
+            print(f"stale {pid_file} removed, nothing killed: pid {pid} is not this project's Prefect server ({why})")
+            return 0
+        try:  # `ui` started the server in a session of its own: its process group id is its pid
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, 15)
+            else:
+                os.kill(pid, 15)
+        except ProcessLookupError:
+            pass
+        pid_file.unlink(missing_ok=True)
+        print(f"server stopped (pid {pid})")
         return 0
     pid, url = start_server(home, args.port)
     ui = url.removesuffix("/api")
@@ -147,14 +236,45 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from pram_lib.verify import verify_release
+EXIT_FAIL, EXIT_AUDIT_NOT_CHECKED, EXIT_WARN = 1, 3, 4
 
-    ok = True
-    for good, msg in verify_release(Path(args.release), Path(args.audit) if args.audit else None):
-        print(("OK   " if good else "FAIL ") + msg)
-        ok = ok and good
-    return 0 if ok else 1
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0: every check OK; 1: a check FAILed; 3: AUDIT NOT CHECKED (no audit log given or found);
+    4: no failure, but a WARNing (e.g. the audit log has no head file yet)."""
+    from pram_lib.audit import LOCAL_LIMIT
+    from pram_lib.spec import SpecError
+    from pram_lib.verify import audit_for_spec, find_audit, verify_release
+
+    folder = Path(args.release)
+    audit, how = None, ""
+    if args.audit:
+        audit = Path(args.audit)
+    elif args.spec:
+        try:
+            audit, how = audit_for_spec(args.spec), f"from spec {args.spec}"
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        audit, how = find_audit(folder)
+    if audit is not None and how:
+        print(f"audit log: {audit} ({how})")
+    status = {True: "OK   ", None: "WARN ", False: "FAIL "}
+    results = verify_release(folder, audit, args.head)
+    for good, msg in results:
+        print(status[good] + msg)
+    if audit is not None and args.head is None:
+        print(f"note: {LOCAL_LIMIT}")
+    if audit is None:
+        print(f"AUDIT NOT CHECKED: {how}. Only the files were checked against manifest.json, which whoever "
+              f"rewrote the data could have rewritten too. Give the audit log with --audit "
+              f"<private_store>/audit.jsonl or --spec SPEC (exit {EXIT_AUDIT_NOT_CHECKED}).")
+    if any(g is False for g, _ in results):
+        return EXIT_FAIL
+    if audit is None:
+        return EXIT_AUDIT_NOT_CHECKED
+    return EXIT_WARN if any(g is None for g, _ in results) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,9 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home", default=".prefect-home")
     p.add_argument("--stop", action="store_true")
     p.set_defaults(func=cmd_ui)
-    p = sub.add_parser("verify", help="recompute a release's manifest hashes (and the audit chain)")
+    p = sub.add_parser("verify", help="check a release against its manifest and the audit entry that vouches "
+                       "for it; exit 0 OK, 1 FAIL, 3 AUDIT NOT CHECKED, 4 WARN")
     p.add_argument("release")
     p.add_argument("--audit", default=None, help="path of the private audit log (audit.jsonl)")
+    p.add_argument("--spec", default=None, help="the release's spec: its private_store/audit.jsonl is checked "
+                   "(default: look for a spec publishing to the release's folder in ./specs and beside it)")
+    p.add_argument("--head", default=None, help="the audit head as kept elsewhere (a copy of audit.head.json, or "
+                   "its ENTRIES:SHA256 line): catches a log and head rewritten together")
     p.set_defaults(func=cmd_verify)
     args = ap.parse_args(argv)
     return args.func(args)

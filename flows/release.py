@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import uuid
+import re
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow, get_run_logger
 
-from pram_lib import __version__, publish, stream
-from pram_lib.audit import utc_now
+from pram_lib import stream
+from pram_lib.spec import check_streamable
+from tasks.privacy import Seed, StepFailed, fixed_seed
 from tasks.release_tasks import (audit_task, choose_channels_task, distributions_task, estimate_chunked_task,
                                  estimate_task, finish_profile_task, finish_run_task, internal_report_task,
                                  load_spec_task, map_fold, open_source_task, perturb_chunks_task, perturb_pass_task,
@@ -17,118 +19,113 @@ from tasks.release_tasks import (audit_task, choose_channels_task, distributions
                                  publish_chunked_task, publish_task, read_source_task, reserve_budget_task,
                                  seed_task, settle_budget_task, source_unchanged_task, stage_task, start_run_task,
                                  validate_chunked_task, validate_task)
-
-
-class ValidationGateFailed(RuntimeError):
-    """The released table failed the gate; nothing was published."""
-
-
-@flow(name="release", log_prints=True)
-def release_flow(spec_path: str, seed: int | None = None, engine: str | None = None) -> str:
-    """Run one release of the spec at `spec_path`; returns the published folder.
-
-    `engine` (memory | stream | dask) overrides the spec's `engine.mode`."""
-    run_id, started = uuid.uuid4().hex, utc_now()
-    record = {"run_id": run_id, "spec_path": str(Path(spec_path).resolve()), "started": started,
-              "package_version": __version__, "git_commit": _git_commit()}
-    spec = folder = None
-    state: dict = {"stage": None, "assignments": None}
-    try:
-        spec = load_spec_task(spec_path)
-        record.update(release=spec.release, spec_sha256=spec.sha256)
-        start_run_task(spec, spec_path, run_id)   # audits runs killed earlier; journals this one
-        reserve_budget_task(spec, run_id)         # population ε ledger: refused here, before any data is read
-        engine = engine or spec.engine.mode
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        steps = _in_memory if engine == "memory" else _in_chunks
-        folder = steps(spec, run_id, seed, engine, started, record, state)
-        manifest_sha = publish.sha256_of(folder / "manifest.json")
-        audit_task(spec_path, "release-published", {**record, "folder": folder.name, "manifest_sha256": manifest_sha,
-                                                     "finished": utc_now()})
-        get_run_logger().info("release published: %s", folder)
-        finish_run_task()
-        return str(folder)
-    except BaseException as exc:
-        stage = state["stage"]
-        if stage is not None:
-            publish.abandon_release(stage)
-            if folder is None and stage.final.is_dir():  # renamed into place, then a later step failed
-                folder = stage.final
-        if folder is not None:  # published whole, then a later step failed: the audit still vouches for it
-            record.update(folder=folder.name, manifest_sha256=publish.sha256_of(folder / "manifest.json"))
-        audit_task(spec_path, "release-failed", {**record, "error": f"{type(exc).__name__}: {exc}",
-                                                 "finished": utc_now()})
-        if spec is not None:
-            settle_budget_task(spec, run_id, state["assignments"], folder)
-        finish_run_task()
-        raise
-
+from tasks.privacy import ValidationGateFailed  # noqa: F401  (re-exported: what a refused release raises)
+from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
 
 ENGINES = ("memory", "stream", "dask")
+Engine = Literal["memory", "stream", "dask"]
+
+def run_name() -> str:
+    """`<release>-<UTC time>`: the release name read from the spec file's `release:` line (no YAML parsing)."""
+    from prefect.runtime import flow_run
+
+    path = Path(str(flow_run.parameters.get("spec_path", "")))
+    name = path.stem or "release"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            m = re.search(r"^release:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]{0,99})", f.read(65536), re.M)
+        name = m.group(1) if m else name
+    except OSError:
+        pass
+    return f"{name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
 
 
-def _in_memory(spec, run_id, seed, engine, started, record, state) -> Path:
+@flow(name="release", flow_run_name=run_name, version=FLOW_VERSION, persist_result=False)
+def release_flow(spec_path: str, engine: Engine | None = None) -> str:
+    """Release one privacy spec: protect the source and publish the release folder.
+
+    Args:
+        spec_path: Path of the privacy spec (YAML), absolute or relative to the checkout the deployment was
+            made from (the worker runs there).
+        engine: Overrides the spec's `engine.mode`: memory (one chunk in memory), stream (chunks on one core)
+            or dask (chunks on a Dask cluster). Empty: the spec decides.
+    """
+    run = ReleaseRun(spec_path)
+    try:
+        spec = run.loaded(load_spec_task(spec_path))
+        start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
+        reserve_budget_task(spec, run.run_id)         # population ε ledger: refused here, before any data is read
+        run.engine = engine or spec.engine.mode
+        check_streamable(spec, run.engine)             # an --engine override meets the spec's needs too
+        run.tag()
+        steps = _in_memory if run.engine == "memory" else _in_chunks
+        run.published(steps(run, spec))
+        return run.finish()
+    except BaseException as exc:
+        raise run.fail(exc) from None
+
+
+def _in_memory(run: ReleaseRun, spec) -> Path:
     """The whole table in memory: read, profile, choose, perturb, estimate, validate, publish."""
     source, source_sha = read_source_task(spec)
-    record.update(source_sha256=source_sha, rows=len(source))
+    run.record.update(source_sha256=source_sha, rows=len(source))
     profile = profile_task(source, spec)
-    seed = seed_task(spec, run_id, seed)
-    assignments = state["assignments"] = choose_channels_task(spec, profile, seed)
+    seed = seed_task(spec, run.run_id, run.seed)
+    assignments = run.assignments = choose_channels_task(spec, profile, seed)
     released = perturb_task(source, spec, profile, assignments, seed)
     estimates = estimate_task(released, assignments, profile)
     distributions = distributions_task(released, assignments, spec)
-    stage = state["stage"] = stage_task(spec)
-    validation = validate_task(spec, profile, assignments, released, stage)
-    _gate(record, validation, assignments)
-    folder = publish_task(spec, stage, released, assignments, estimates, distributions, validation,
-                          len(source), started)
-    settle_budget_task(spec, run_id, assignments, folder)
+    stage = run.stage = stage_task(spec)
+    validation = run.validated(validate_task(spec, profile, assignments, released, stage))
+    folder = run.folder = publish_task(spec, stage, released, assignments, estimates, distributions, validation,
+                                       len(source), run.started_at)
+    run.settle()
     internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
                          folder.name)
     return folder
 
 
-def _in_chunks(spec, run_id, seed, engine, started, record, state) -> Path:
+def _in_chunks(run: ReleaseRun, spec) -> Path:
     """Two passes over chunks (profile, then perturb and write parts), on one core or mapped on Dask."""
-    seed = seed_task(spec, run_id, seed)
-    stage = state["stage"] = stage_task(spec)
-    passes = chunk_passes_flow
-    if engine == "dask":
-        passes = chunk_passes_flow.with_options(task_runner=dask_runner(spec))
-    profile, assignments, plan, totals, source_sha = passes(spec, seed, str(stage.tmp), engine)
-    state["assignments"] = assignments
-    record.update(source_sha256=source_sha, rows=profile.n_rows, engine=engine, chunks=len(totals.chunks))
+    seed = seed_task(spec, run.run_id, run.seed)
+    stage = run.stage = stage_task(spec)
+    source_sha, refs = open_source_task(spec)
+    if run.engine == "dask":
+        with dask_runner(spec) as runner:
+            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner)
+    else:
+        profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None)
+    source_unchanged_task(spec, source_sha)
+    run.assignments = assignments
+    run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
     estimates, distributions = estimate_chunked_task(plan, totals)
-    validation = validate_chunked_task(spec, profile, plan, totals, stage)
-    _gate(record, validation, assignments)
-    folder = publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation, started)
-    settle_budget_task(spec, run_id, assignments, folder)
+    validation = run.validated(validate_chunked_task(spec, profile, plan, totals, stage))
+    folder = run.folder = publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation,
+                                               run.started_at)
+    run.settle()
     internal_report_task(spec, assignments, profile, estimates, distributions, None, None, validation, folder.name)
     return folder
 
 
-@flow(name="release-chunks", log_prints=True)
-def chunk_passes_flow(spec, seed: int, stage_dir: str, engine: str):
-    """Pass 1 (profile), channel choice, pass 2 (perturb, write parts): the part of a chunked release that
-    reads the source. On Dask runs of chunks are tasks; a chunk's randomness is keyed by its index."""
-    source_sha, refs = open_source_task(spec)
-    rows = sum(r.rows for r in refs) if refs else None
-    if engine == "dask":
-        sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: (spec, chunks, seed), refs, rows,
-                          lambda a, b: stream.merge_sketches(a, b, spec.engine.sample_rows))
+def _chunk_passes(spec, seed: Seed, stage, refs, runner):
+    """Pass 1 (profile), channel choice, pass 2 (perturb, write parts). With a Dask `runner`, runs of chunks
+    are tasks on its workers; a row's randomness is keyed by its chunk, so the result is the same."""
+    if runner is not None:
+        rows = sum(r.rows for r in refs) if refs else None
+        sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: dict(spec=spec, chunks=chunks,
+                          seed=seed), refs, rows, lambda a, b: stream.merge_sketches(a, b, spec.engine.sample_rows),
+                          runner)
     else:
         sketch = profile_pass_task(spec, seed, refs)
     profile = finish_profile_task(spec, sketch)
     assignments = choose_channels_task(spec, profile, seed)
-    plan = stream.make_plan(spec, profile, assignments, seed, Path(stage_dir), engine)
-    if engine == "dask":
-        totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: (plan, chunks), refs,
-                          profile.n_rows, lambda a, b: stream.merge_results([a, b]))
+    plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), "dask" if runner else "stream")
+    if runner is not None:
+        totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: dict(plan=plan, chunks=chunks), refs,
+                          profile.n_rows, lambda a, b: stream.merge_results([a, b]), runner)
     else:
         totals = perturb_pass_task(plan)
-    source_unchanged_task(spec, source_sha)
-    return profile, assignments, plan, totals, source_sha
+    return profile, assignments, plan, totals
 
 
 def dask_runner(spec):
@@ -155,22 +152,14 @@ def local_cluster(**kwargs):
         return LocalCluster(**kwargs)
 
 
-def _gate(record: dict, validation: dict, assignments) -> None:
-    record.update(validation_passed=validation["passed"], channels=_channel_summary(assignments))
-    if not validation["passed"]:
-        raise ValidationGateFailed(f"validation gate failed, nothing published: {validation['message']}")
-
-
-def _channel_summary(assignments) -> list[dict]:
-    return [{"variable": a.column, "stratum": a.stratum_label, "method": a.channel.method,
-             "epsilon": "not DP" if a.is_noise else a.channel.epsilon, "prior_epsilon": a.prior_epsilon}
-            for a in assignments]
-
-
-def _git_commit() -> str | None:
+def run_release(spec_path: str, seed: int | None = None, engine: str | None = None, **options):
+    """Run the release flow from Python (the CLI, tests): a fixed `seed` goes to the run without ever being a
+    Prefect parameter. A user's error is re-raised as itself (a SpecError with its location)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+        with fixed_seed(seed):
+            return release_flow(spec_path, engine=engine, **options)
+    except StepFailed as exc:
+        original = getattr(exc, "original", None)
+        if original is not None:
+            raise original from exc   # __cause__: what the run did about it (folder, what it could not record)
+        raise

@@ -7,7 +7,10 @@ reading files retries (transient I/O).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import re
 import math
 import os
 import secrets
@@ -21,23 +24,10 @@ from prefect.cache_policies import NO_CACHE
 from pram_lib import audit, journal, ledger, publish, release, stream
 from pram_lib.gate import run_gate
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec
+from tasks.privacy import Seed, StepFailed, ValidationGateFailed, quiet_step_failures
 
 _JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journal (this process)
-
-
-def _journal_step(task, task_run, state) -> None:
-    """on_running hook: the run's journal records the step it enters, so a kill can be traced to it.
-    Tasks of a subflow (the chunked passes) write to the journal of the release run above it."""
-    if not _JOURNALS:  # a Dask worker, or a process running no release
-        return
-    j = _JOURNALS.get(str(task_run.flow_run_id))
-    if j is None:
-        from prefect.runtime import flow_run
-
-        j = _JOURNALS.get(str(flow_run.root_flow_run_id))
-    if j is not None and task.name not in BOOKKEEPING:
-        j.mark(task.name)
-
+quiet_step_failures()
 
 BOOKKEEPING = ("audit", "settle-budget", "finish-run")  # not release steps: the journal keeps the step before
 
@@ -46,72 +36,101 @@ def _transient(task, task_run, state) -> bool:
     """Retry I/O trouble, not a bad spec or source (a SpecError will fail the same way again)."""
     try:
         state.result()
-    except SpecError:
-        return False
+    except StepFailed as exc:
+        return not isinstance(exc.original, SpecError)
     except Exception:
         return True
     return True
 
 
-PRIVATE = dict(cache_policy=NO_CACHE, persist_result=False, on_running=[_journal_step])
+@contextlib.contextmanager
+def private_errors(name: str):
+    """An error inside crosses into Prefect as StepFailed: public text, the whole error beside it."""
+    try:
+        yield
+    except Exception as exc:
+        raise StepFailed.wrap(exc, name) from None
 
 
-@task(name="load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient, **PRIVATE)
+def step(name: str, **options):
+    """A release step as a Prefect task: results never persisted (they hold confidential data), the run's
+    journal marks the step it enters, and an error crosses into Prefect without data values (StepFailed)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            if name not in BOOKKEEPING:
+                _mark(name)
+            with private_errors(name):
+                return fn(*args, **kwargs)
+
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, **options)(run)
+
+    return decorate
+
+
+
+@step("load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient)
 def load_spec_task(spec_path: str) -> ReleaseSpec:
+    if not Path(spec_path).is_file():
+        raise SpecError(spec_path, None, None, "spec_path", f"no spec file at this path, read from the working "
+                        f"directory {os.getcwd()}", fix="give an absolute path, or a path relative to the checkout "
+                        "the deployment was made from (run `prefect deploy` from the checkout)")
     return load_spec(spec_path)
 
 
-@task(name="read-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient, **PRIVATE)
+@step("read-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient)
 def read_source_task(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
     df, digest = release.read_source(spec)
     get_run_logger().info("read %d rows x %d columns", len(df), df.shape[1])
     return df, digest
 
 
-@task(name="profile", **PRIVATE)
+@step("profile")
 def profile_task(df: pd.DataFrame, spec: ReleaseSpec) -> release.Profile:
     return release.profile_source(df, spec)
 
 
-@task(name="draw-seed", **PRIVATE)
-def seed_task(spec: ReleaseSpec, run_id: str, seed: int | None) -> int:
-    """OS entropy unless the spec or caller fixes it; stored only in the private store (mode 0600)."""
+@step("draw-seed")
+def seed_task(spec: ReleaseSpec, run_id: str, seed: Seed | None) -> Seed:
+    """OS entropy unless the spec or caller fixes it; stored only in the private store (mode 0600).
+    It never reaches Prefect: it comes from the run context, not a parameter, and prints as Seed(<private>)."""
     source = "caller" if seed is not None else "spec" if spec.seed is not None else "os-entropy"
-    seed = seed if seed is not None else spec.seed if spec.seed is not None else secrets.randbits(128)
+    seed = seed.value if seed is not None else spec.seed if spec.seed is not None else secrets.randbits(128)
     folder = spec.resolve(spec.private_store) / "seeds"
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / f"{run_id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"run_id": run_id, "release": spec.release, "seed": str(seed), "source": source}, f)
-    return seed
+    return Seed(seed)
 
 
-@task(name="choose-channels", **PRIVATE)
-def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: int) -> list[release.Assignment]:
-    out = release.choose_channels(spec, profile, seed)
+@step("choose-channels")
+def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed) -> list[release.Assignment]:
+    out = release.choose_channels(spec, profile, seed.value)
     for a in out:
         get_run_logger().info("%s [%s]: %r", a.column, a.stratum_label, a.channel)
     return out
 
 
-@task(name="perturb", **PRIVATE)
-def perturb_task(df, spec, profile, assignments, seed) -> pd.DataFrame:
-    return release.perturb_frame(df, spec, profile, assignments, seed)
+@step("perturb")
+def perturb_task(df, spec, profile, assignments, seed: Seed) -> pd.DataFrame:
+    return release.perturb_frame(df, spec, profile, assignments, seed.value)
 
 
-@task(name="estimate", **PRIVATE)
+@step("estimate")
 def estimate_task(released, assignments, profile) -> pd.DataFrame:
     return publish.with_totals(release.estimate_release(released, assignments, profile))
 
 
-@task(name="deconvolve", **PRIVATE)
+@step("deconvolve")
 def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Continuous variables: Ĝ, ĝ with bootstrap bands and moments; groups: 2-way tables. Release only."""
     curves, summary = release.estimate_distributions(released, assignments, spec)
     return curves, summary, release.estimate_group_tables(released, assignments, spec)
 
 
-@task(name="stage-release", **PRIVATE)
+@step("stage-release")
 def stage_task(spec: ReleaseSpec) -> publish.Stage:
     j = _JOURNALS.get(_flow_run_id())
     stage = publish.begin_release(spec, owner=j.data["run_id"] if j else None)
@@ -119,17 +138,17 @@ def stage_task(spec: ReleaseSpec) -> publish.Stage:
     return stage
 
 
-@task(name="validate", **PRIVATE)
+@step("validate")
 def validate_task(spec, profile, assignments, released, stage: publish.Stage) -> dict:
     out = stage.tmp / "validation"
     out.mkdir(exist_ok=True)
     result = run_gate(spec, profile, assignments, released, out)
-    create_table_artifact(key=f"{_key(spec)}-gx", table=result["gx"]["rows"],
+    create_table_artifact(key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
                           description="Great Expectations results for the released table")
-    return result
+    return _gate(result)
 
 
-@task(name="publish", **PRIVATE)
+@step("publish")
 def publish_task(spec, stage, released, assignments, estimates, distributions, validation, n_rows, started) -> Path:
     publish.write_data(stage, released, spec.csv)
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
@@ -139,7 +158,7 @@ def publish_task(spec, stage, released, assignments, estimates, distributions, v
     return folder
 
 
-@task(name="publish", **PRIVATE)
+@step("publish")
 def publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
     """The data parts are already in the staging folder (written chunk by chunk)."""
     assignments = list(plan.assignments)
@@ -160,10 +179,50 @@ def publish_chunked_task(spec, stage, plan, totals, estimates, distributions, va
     return folder
 
 
+_IMAGE = re.compile(r"^!\[[^\]]*\]\(([^)]+)\)\s*$")
+UI_MAX_COLUMNS = 6
+
+
+def ui_markdown(report: str, folder: Path) -> str:
+    """The report as the Prefect UI can show it: images (relative files the UI cannot load) become a list of
+    the plot files in the folder, and tables wider than the artifact pane become one line per row."""
+    out: list[str] = []
+    lines, i, plots = report.splitlines(), 0, []
+    while i < len(lines):
+        line = lines[i]
+        m = _IMAGE.match(line.strip())
+        if m:
+            plots.append(m.group(1))
+            if i + 1 == len(lines) or not _IMAGE.match(lines[i + 1].strip()):
+                out.append(f"Plots ({len(plots)}, in `{folder}`): " + ", ".join(f"`{p}`" for p in plots))
+                plots = []
+            i += 1
+            continue
+        if line.startswith("|") and i + 1 < len(lines) and set(lines[i + 1].replace("|", "").strip()) <= set("-: "):
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+            j = i + 2
+            rows = []
+            while j < len(lines) and lines[j].startswith("|"):
+                rows.append([c.strip() for c in lines[j].strip().strip("|").split("|")])
+                j += 1
+            if len(header) > UI_MAX_COLUMNS:
+                for r in rows:
+                    rest = "; ".join(f"{h}: {c}" for h, c in zip(header[1:], r[1:]) if c)
+                    out.append(f"- **{r[0]}**: {rest}")
+            else:
+                out.extend(lines[i:j])
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + "\n"
+
+
 def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) -> None:
     """The report, a table of the variables and a link to the folder, in the Prefect UI."""
-    key = _key(spec)
-    create_markdown_artifact(key=f"{key}-report", markdown=report, description=f"Release report: {folder.name}")
+    key = release_key(spec)
+    create_markdown_artifact(key=f"{key}-report", markdown=ui_markdown(report, folder),
+                             description=f"Release report: {folder.name}")
     tvd = release.expected_tvd(overall)
     rows = []
     for col, eps in release.spent_by_variable(assignments).items():
@@ -184,7 +243,7 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
     create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
 
 
-@task(name="internal-report", **PRIVATE)
+@step("internal-report")
 def internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
                          folder_name) -> Path:
     overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
@@ -198,37 +257,74 @@ def internal_report_task(spec, assignments, profile, estimates, distributions, s
     return out
 
 
-@task(name="start-run", **PRIVATE)
+@step("start-run")
 def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]:
     """Recover runs on this private store that were killed (audited, staging removed, ledger settled);
     then journal this run."""
     store = spec.resolve(spec.private_store)
     _JOURNALS[_flow_run_id()] = journal.RunJournal.open(store, run_id, release=spec.release,
                                                         spec_path=str(Path(spec_path).resolve()),
-                                                        output=str(spec.resolve(spec.output)))
-    recovered = journal.recover(store, settle=lambda run, folder: ledger.settle_recovered(store, run, folder))
+                                                        output=str(spec.resolve(spec.output)),
+                                                        flow_run_id=_flow_run_id())
+    dead: list[tuple[dict, str | None]] = []
+
+    def settle(run: dict, folder: str | None) -> None:
+        dead.append((run, folder))
+        ledger.settle_recovered(store, run, folder)
+
+    recovered = journal.recover(store, settle=settle)
+    for run, folder in dead:
+        _mark_crashed(run, folder)
     for entry in recovered:
-        get_run_logger().warning("recovered an interrupted run: %s", entry["error"])
+        get_run_logger().warning("recovered an interrupted run of %s (step %s): audited%s", entry.get("release"),
+                                 entry.get("failed_step"), f", published folder {entry['folder']} kept"
+                                 if entry.get("folder") else ", staging removed, reservation cancelled")
     return recovered
 
 
-@task(name="reserve-budget", **PRIVATE)
+def _mark_crashed(run: dict, folder: str | None) -> None:
+    """A killed run's Prefect state: Crashed, saying what the recovery did (it would stay Running forever)."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    fr_id = run.get("flow_run_id")
+    if not fr_id or fr_id == _flow_run_id():
+        return
+    done = (f"published {folder} before it died; audited and settled on recovery" if folder else
+            "nothing published; staging removed, ledger reservation cancelled, audited on recovery")
+    msg = f"the run's process ended during step {run.get('step')!r} (killed?); {done} by run {_flow_run_id()}"
+    try:
+        with get_client(sync_client=True) as client:
+            if not client.read_flow_run(fr_id).state.is_final():
+                client.set_flow_run_state(fr_id, Crashed(message=msg), force=True)
+    except Exception as exc:  # another server, or the run was deleted: the audit entry is what counts
+        get_run_logger().warning("could not mark the interrupted run %s crashed: %s", fr_id, type(exc).__name__)
+
+
+@step("reserve-budget")
 def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
     """The population's ε ledger: reserve this release's bound, or refuse it (before any data is read)."""
     return ledger.reserve_for(spec, run_id)
 
 
-@task(name="settle-budget", **PRIVATE)
+@step("settle-budget")
 def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
     spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
     ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
 
 
-@task(name="finish-run", **PRIVATE)
+@step("finish-run")
 def finish_run_task() -> None:
     j = _JOURNALS.pop(_flow_run_id(), None)
     if j is not None:
         j.close()
+
+
+def hand_over_journal(error: str) -> None:
+    """The run could not record everything: leave its journal to the next run on the store, which recovers it."""
+    j = _JOURNALS.pop(_flow_run_id(), None)
+    if j is not None:
+        j.hand_over(error)
 
 
 def _flow_run_id() -> str:
@@ -243,7 +339,7 @@ def _mark(step: str, **fields) -> None:
         j.mark(step, **fields)
 
 
-@task(name="audit", **PRIVATE)
+@step("audit")
 def audit_task(spec_path: str, event: str, fields: dict) -> dict:
     store = _private_store(spec_path)
     j = _JOURNALS.get(_flow_run_id())
@@ -254,14 +350,22 @@ def audit_task(spec_path: str, event: str, fields: dict) -> dict:
 
 
 def _private_store(spec_path: str) -> Path:
-    try:
-        spec = load_spec(spec_path)
-        return spec.resolve(spec.private_store)
-    except Exception:  # a spec that does not load still gets its failure audited next to it
-        return Path(spec_path).resolve().parent / "private"
+    """The store the spec names, even when the spec does not load; an unreadable spec's default store beside it.
+    No spec file, no store: nothing is created."""
+    from pram_lib import spec as spec_module
+
+    named = getattr(spec_module, "named_private_store", None)  # TEMP until the spec helper lands
+    store = named(spec_path) if named else None
+    if store is None:
+        path = Path(spec_path)
+        if not path.is_file():
+            raise SpecError(str(path), None, None, "<file>", "the spec file does not exist, so no private store "
+                            "is known and nothing was audited", fix="check the path")
+        store = path.resolve().parent / "private"
+    return store
 
 
-def _key(spec: ReleaseSpec) -> str:
+def release_key(spec: ReleaseSpec) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in spec.release.lower())
 
 
@@ -276,7 +380,7 @@ class Progress:
 
         self.step, self.total, self.rows, self.t0, self.last = step, total_rows, 0, time.perf_counter(), 0.0
         self.done = 0
-        self.id = create_progress_artifact(progress=0.0, key=f"{_key(spec)}-{step}-progress",
+        self.id = create_progress_artifact(progress=0.0, key=f"{release_key(spec)}-{step}-progress",
                                            description=f"{spec.release}: {step} pass over the source")
 
     def advance(self, rows: int, chunks_done: int | None = None, final: bool = False) -> None:
@@ -299,33 +403,38 @@ class Progress:
                               rate / 1e6, eta)
 
 
-@task(name="open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient, **PRIVATE)
+@step("open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient)
 def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
-    """Header check and SHA-256 of the source (no rows read); the Parquet chunk plan."""
+    """Header check and SHA-256 of the source (no rows read); the Parquet chunk plan; a Dask scheduler that
+    answers (3 s at most, not Dask's 30 s)."""
+    if spec.engine.address:
+        stream.check_dask_address(spec)
     stream.check_source(spec)
     return release.file_sha256(spec.resolve(spec.source.path)), stream.plan_chunks(spec)
 
 
-@task(name="profile-pass", **PRIVATE)
-def profile_pass_task(spec: ReleaseSpec, seed: int, refs) -> stream.Sketch:
+@step("profile-pass")
+def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs) -> stream.Sketch:
     """Pass 1 on one core: every chunk in order."""
     progress = Progress(spec, "profile", sum(r.rows for r in refs) if refs else None)
-    sketch = stream.profile_pass(spec, seed, progress.advance)
+    sketch = stream.profile_pass(spec, seed.value, progress.advance)
     progress.advance(0, final=True)
     return sketch
 
 
-@task(name="profile-chunks", **PRIVATE)
-def profile_chunks_task(spec: ReleaseSpec, chunks: list, seed: int) -> stream.Sketch:
-    return stream.profile_batch(spec, chunks, seed)
+@task(name="profile-chunks", cache_policy=NO_CACHE, persist_result=False)
+def profile_chunks_task(spec: ReleaseSpec, chunks: list, seed: Seed) -> stream.Sketch:
+    """Pass 1 over a run of chunks, on a Dask worker (a plain task: Dask pickles it by value)."""
+    with private_errors("profile-chunks"):
+        return stream.profile_batch(spec, chunks, seed.value)
 
 
-@task(name="finish-profile", **PRIVATE)
+@step("finish-profile")
 def finish_profile_task(spec: ReleaseSpec, sketch: stream.Sketch) -> release.Profile:
     return stream.finish_profile(spec, sketch)
 
 
-@task(name="perturb-pass", **PRIVATE)
+@step("perturb-pass")
 def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
     """Pass 2 on one core: perturb and write every chunk in order."""
     progress = Progress(plan.spec, "perturb", plan.profile_rows)
@@ -334,23 +443,23 @@ def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
     return totals
 
 
-@task(name="perturb-chunks", **PRIVATE)
+@task(name="perturb-chunks", cache_policy=NO_CACHE, persist_result=False)
 def perturb_chunks_task(plan: stream.Plan, chunks: list) -> stream.ChunkResult:
-    return stream.perturb_batch(plan, chunks)
+    """Pass 2 over a run of chunks, on a Dask worker."""
+    with private_errors("perturb-chunks"):
+        return stream.perturb_batch(plan, chunks)
 
 
-def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold):
-    """Run `task_(*args(chunks))` on the workers over the source's chunks and fold the results as they finish.
+def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold, runner):
+    """Run `task_(**args(chunks))` on the workers of `runner` (an entered DaskTaskRunner) over the source's
+    chunks and fold the results as they finish.
 
     Parquet: 4 runs of consecutive chunks per worker, each read by its worker (few task runs; a worker's
     memory holds one chunk at a time). CSV: one chunk per task, read here and shipped, with at most
     2 per worker outstanding."""
     from prefect.futures import as_completed
-    from prefect.runtime import flow_run
 
-    j = _JOURNALS.get(str(flow_run.root_flow_run_id))
-    if j is not None:  # the chunks run on workers, where no journal is open: the run records the step
-        j.mark(task_.name)
+    _mark(task_.name)  # the chunks run on workers, where no journal is open: the run records the step
     progress = Progress(spec, step, total_rows)
     workers = max(spec.engine.workers, 1)
     if refs is not None:
@@ -367,7 +476,7 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
         progress.advance(part.rows, done)
 
     for chunks in work:
-        pending.append(task_.submit(*args(chunks)))
+        pending.append(runner.submit(task_, parameters=args(chunks)))
         size[pending[-1]] = len(chunks)
         if refs is None and len(pending) >= 2 * workers:
             fut = next(as_completed(pending))
@@ -379,12 +488,12 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     return acc
 
 
-@task(name="source-unchanged", **PRIVATE)
+@step("source-unchanged")
 def source_unchanged_task(spec: ReleaseSpec, digest: str) -> None:
     stream.check_unchanged(spec, digest)
 
 
-@task(name="estimate", **PRIVATE)
+@step("estimate")
 def estimate_chunked_task(plan: stream.Plan, totals: stream.ChunkResult):
     """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
     estimates = publish.with_totals(stream.estimate_totals(plan, totals))
@@ -392,11 +501,20 @@ def estimate_chunked_task(plan: stream.Plan, totals: stream.ChunkResult):
     return estimates, (curves, summary, stream.group_tables_totals(plan, totals))
 
 
-@task(name="validate", **PRIVATE)
+@step("validate")
 def validate_chunked_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
     out = stage.tmp / "validation"
     out.mkdir(exist_ok=True)
     result = stream.run_gate_totals(spec, profile, plan, totals, out)
-    create_table_artifact(key=f"{_key(spec)}-gx", table=result["gx"]["rows"],
+    create_table_artifact(key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
                           description=f"Great Expectations results ({result['gx']['scope']})")
+    return _gate(result)
+
+
+def _gate(result: dict) -> dict:
+    """The gate's verdict: this step fails (red in the UI) when a check refused the release."""
+    checks = len(result["statistical"]) + len(result["gx"]["rows"])
+    if not result["passed"]:
+        raise ValidationGateFailed(f"validation gate failed, nothing published: {result['message']}")
+    get_run_logger().info("gate passed: %d checks", checks)
     return result

@@ -88,13 +88,14 @@ def snapshot(folder: Path) -> dict:
 def child(case: dict, inject: bool) -> None:
     code = 0
     try:
-        from flows.release import release_flow
+        from flows.release import run_release
 
+        os.environ["PRAM_RELEASE_HOME"] = str(Path(case["folder"]) / ".pram-release")  # each case its own registry
         if inject:
             install(case)
         # a fixed seed: the gate is a statistical test (level 0.001), so a random seed would fail it now
         # and then; only the fault aimed at drawing a seed from OS entropy runs without one
-        release_flow(case["spec"], seed=case.get("fault_seed", FIXED_SEED) if inject else FIXED_SEED)
+        run_release(case["spec"], seed=case.get("fault_seed", FIXED_SEED) if inject else FIXED_SEED)
     except BaseException as exc:  # the flow's own exception after its clean-up
         traceback.print_exc(limit=1)
         code = TEMPFAIL if _server_busy(exc) else 1

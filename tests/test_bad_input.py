@@ -182,6 +182,29 @@ CASES: dict[str, tuple] = {
                                        "needs columns"),
     "pass-through dtype that does not fit": (lambda d: d["source"].update(dtypes={"region": "int64"}), None,
                                              "source", "cannot read the source"),
+    # -- the source file's structure (test_trust_source.py runs these in the stream engine too)
+    "row with extra fields": (None, ("colour,size,region,score\n" + "red,S,north,1\n" * 20 +
+                                     "red,M,south,2,9,9\n").encode(), "source", "line 22 has 6 fields"),
+    "unclosed quote": (None, ("colour,size,region,score\n" + "red,S,north,1\n" * 20 +
+                              'red,"M,south,2\n' + "red,S,north,1\n" * 5).encode(), "source",
+                       "a quote opened on line 22"),
+    "truncated csv.gz": (lambda d: d["source"].update(path="src.csv.gz"),
+                         __import__("gzip").compress(("colour,size,region,score\n" + "red,S,north,1\n" * 20000)
+                                                     .encode())[:300], "source.path", "truncated or corrupt"),
+    "missing: category on a noised variable": (with_noise(missing="category"), None, "variables[2].missing",
+                                               "cannot be one more category"),
+    "a value equal to the missing label": (var(0, missing="category"),
+                                           src(colour=["<missing>"] + ["red"] * (N - 1)), "variables[0].missing",
+                                           "the label `missing: category` gives missing values"),
+    "duplicate key in a mapping": ("release: t\nsource: {path: src.csv}\nbudget: 3\nbudget: 30\n", None, "budget",
+                                   "first at line 3, again at line 4"),
+    "alpha: true (a boolean for a number)": (var(1, alpha=True), None, "variables[1].alpha", "not a number"),
+    "group named like a variable": (lambda d: d.update(passthrough=[], variables=[
+        d["variables"][0], {"columns": ["size", "region"], "name": "colour", "channel": "rr-independent",
+                            "alpha": 1.0}]), None, "variables[1].name", "must differ from every released column"),
+    "data prior on a tiny stratum": (var(1, prior="data", strata=["region"]),
+                                     src(region=["south"] * 40 + ["north"] * (N - 40)), "variables[1].prior",
+                                     "fewer than min_prior_rows"),
 }
 
 
@@ -289,7 +312,7 @@ def test_through_the_flow_nothing_is_left_behind(prefect_server, tmp_path):
     error, one audit entry that carries it, no release or staging folder, no run journal, no open ledger
     reservation. (A case that fails when channels are chosen has drawn its seed: that one private seed
     file, mode 0600, stays.)"""
-    from flows.release import release_flow
+    from flows.release import run_release
     from pram_lib.ledger import Ledger
 
     ran = 0
@@ -303,7 +326,7 @@ def test_through_the_flow_nothing_is_left_behind(prefect_server, tmp_path):
                 continue
         ran += 1
         with pytest.raises(SpecError) as info:
-            release_flow(str(path))
+            run_release(str(path))
         assert info.value.field == case[2], (name, str(info.value))
         out = folder / "releases"
         assert not out.exists() or not any(out.iterdir()), name
@@ -319,10 +342,36 @@ def test_through_the_flow_nothing_is_left_behind(prefect_server, tmp_path):
     assert ran >= 30
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: pandas' C reader with usecols= ignores extra fields in a row, "
-                   "so a row with an unquoted comma is read misaligned instead of refused")
-def test_row_with_extra_fields_is_refused(tmp_path):
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_row_with_extra_fields_is_refused(tmp_path, mode):
+    """Was a strict xfail: pandas' C reader with usecols= ignored extra fields, so a row with an unquoted
+    comma was read misaligned. Now both engines refuse it, naming the source file and the line."""
+    from pram_lib import stream
+
     rows = "".join(f"{c},{s},north,1\n" for c, s in [("red", "S"), ("blue", "M"), ("green", "L")] * 5)
-    case = (None, ("colour,size,region,score\n" + rows + "red,M,south,2,9,9\n").encode(), "source", "")
-    with pytest.raises(SpecError):
-        run_until_publication(materialise(tmp_path, case))
+    case = (top(engine={"mode": mode}), ("colour,size,region,score\n" + rows + "red,M,south,2,9,9\n").encode(),
+            "source", "line 17 has 6 fields")
+    path = materialise(tmp_path, case)
+    with pytest.raises(SpecError) as info:
+        if mode == "memory":
+            run_until_publication(path)
+        else:
+            spec = load_spec(path)
+            stream.check_source(spec)
+            list(stream.iter_chunks(spec))
+    assert not check_error(info.value, path, case[2], case[3]), str(info.value)
+    assert str(tmp_path / "src.csv") in info.value.problem and "the header has 4" in info.value.problem
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_check_command_gives_one_message_never_a_traceback(tmp_path, capsys, name):
+    """`pram-release check` on every case: exit 2 and one located message naming the field, no traceback."""
+    from flows.cli import main
+
+    case = CASES[name]
+    path = materialise(tmp_path, case)
+    assert main(["check", str(path)]) == 2, name
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and "Fix: " in err, err
+    assert f"field '{case[2]}'" in err, err
+    assert not (tmp_path / "releases").exists() and not (tmp_path / "private").exists()

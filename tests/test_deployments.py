@@ -37,7 +37,7 @@ def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
     from prefect.states import Scheduled
 
     repo = checkout_copy(tmp_path)
-    env = {**prefect_server["env"], "PIPELINE_ROOT": str(repo), "PREFECT_HOME": str(prefect_server["home"])}
+    env = {**prefect_server["env"], "PREFECT_HOME": str(prefect_server["home"])}   # no PIPELINE_ROOT needed
     sh(PREFECT + ["work-pool", "create", "pram-local", "--type", "process"], env, repo)
     sh(PREFECT + ["--no-prompt", "deploy", "--all"], env, repo)
 
@@ -47,6 +47,11 @@ def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
         dep = deps["adult-public-prior-weekly"]
         assert dep.entrypoint == "flows/release.py:release_flow"
         assert dep.parameters == {"spec_path": "specs/adult_public_prior.yaml"}
+        props = dep.parameter_openapi_schema["properties"]
+        assert set(props) == {"spec_path", "engine"}           # no seed is offered: it would be stored
+        assert all(p.get("description") for p in props.values())
+        assert props["engine"]["anyOf"][0]["enum"] == ["memory", "stream", "dask"]
+        assert dep.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(repo)}}]
         assert [s.schedule.cron for s in dep.schedules] == ["30 6 * * 1"]
 
         flt = DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))

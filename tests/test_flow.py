@@ -36,13 +36,13 @@ def demo_spec(tmp_path: Path, **edits) -> Path:
 
 @pytest.fixture(scope="module")
 def demo_release(prefect_server, tmp_path_factory):
-    from flows.release import release_flow
+    from flows.release import run_release
 
     tmp = tmp_path_factory.mktemp("demo")
     spec = demo_spec(tmp)
     # A fixed 128-bit seed: the gate is a statistical test (level 0.001 per check), so an OS-entropy seed
     # would refuse about 1 demo release in 100 by chance; the seed scan below still finds a unique string.
-    folder = Path(release_flow(str(spec), seed=DEMO_SEED))
+    folder = Path(run_release(str(spec), seed=DEMO_SEED))
     return {"folder": folder, "tmp": tmp, "spec": spec}
 
 
@@ -222,7 +222,7 @@ def test_report_and_private_store(demo_release):
 
 
 def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path, monkeypatch):
-    from flows.release import ValidationGateFailed, release_flow
+    from flows.release import ValidationGateFailed, run_release
     from pram_lib import release
 
     real = release.perturb_frame
@@ -234,7 +234,7 @@ def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path,
     monkeypatch.setattr(release, "perturb_frame", corrupt)
     spec = demo_spec(tmp_path)
     with pytest.raises(ValidationGateFailed, match="row"):
-        release_flow(str(spec))
+        run_release(str(spec))
     out = tmp_path / "releases"
     assert not out.exists() or not any(out.iterdir())
     entries = [json.loads(x) for x in (tmp_path / "private" / "audit.jsonl").read_text().splitlines()]

@@ -68,14 +68,14 @@ def runs(prefect_server, tmp_path_factory):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
 
-    from flows.release import release_flow
+    from flows.release import run_release
 
     base = tmp_path_factory.mktemp("leak")
     v = [{**IDENTITY, "public": True}, {"column": "size", "channel": "pram-optimal", "alpha": 1.0},
          {"column": "score", "channel": "laplace-noise", "protection": {"Q": 0.75, "delta": 0.9}}]
     spec = synth.write_spec(base / "prod", variables=v, population={"key": "leak-pop", "cap": 10})
     for attempt in range(3):  # the gate is a test at level 0.001: with a random seed it may refuse, rarely
-        state = release_flow(str(spec), return_state=True)
+        state = run_release(str(spec), return_state=True)
         if state.is_completed() or "validation gate failed" not in (state.message or ""):
             break
     folder = Path(state.result())
@@ -84,7 +84,7 @@ def runs(prefect_server, tmp_path_factory):
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fid])))
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fid])))
     same = synth.write_spec(base / "same", noise=True)
-    twins = [Path(release_flow(str(same), seed=20261122)) for _ in range(2)]
+    twins = [Path(run_release(str(same), seed=20261122)) for _ in range(2)]
     return {"base": base / "prod", "folder": folder, "artifacts": arts, "logs": logs, "twins": twins}
 
 

@@ -107,13 +107,13 @@ def test_one_release_over_the_cap_is_a_spec_error(tmp_path):
 @pytest.mark.prefect
 @pytest.mark.slow
 def test_flow_refuses_over_cap_before_reading_data(prefect_server, tmp_path):
-    from flows.release import release_flow
+    from flows.release import run_release
 
     spec = _spec(tmp_path)
-    folders = [release_flow(str(spec), seed=s) for s in (1, 2)]
+    folders = [run_release(str(spec), seed=s) for s in (1, 2)]
     (tmp_path / "src.csv").write_bytes(b"\xff\xfe not a csv any more")  # reading it now would fail differently
     with pytest.raises(LedgerRefused, match="has spent"):
-        release_flow(str(spec), seed=3)
+        run_release(str(spec), seed=3)
     hist = Ledger(tmp_path / "private" / "ledger.sqlite").history("people-2026")
     assert [h.status for h in hist] == ["spent", "spent"]
     assert sorted(h.folder for h in hist) == sorted(Path(f).name for f in folders)

@@ -20,20 +20,20 @@ SEED = 0x5CA1E_2026
 
 @pytest.fixture(scope="module")
 def releases(prefect_server, tmp_path_factory):
-    from flows.release import release_flow
+    from flows.release import run_release
 
     tmp = tmp_path_factory.mktemp("scale")
     source = write_census(tmp / "census.parquet", ROWS, row_group=10_000, seed=8)
     spec = write_spec(tmp / "census.yaml", source, tmp / "releases", tmp / "private", rows=ROWS,
                       chunk_rows=20_000, workers=2, tag="test")
-    out = {engine: Path(release_flow(str(spec), seed=SEED, engine=engine)) for engine in ("stream", "dask")}
+    out = {engine: Path(run_release(str(spec), seed=SEED, engine=engine)) for engine in ("stream", "dask")}
     # the same rows as CSV: read in chunks by the flow and shipped to the Dask workers
     csv = tmp / "csv"
     csv.mkdir()
     pd.read_parquet(source).to_csv(csv / "census.csv", index=False)
     csv_spec = write_spec(csv / "census.yaml", csv / "census.csv", csv / "releases", csv / "private", rows=ROWS,
                           chunk_rows=20_000, workers=2, tag="test-csv")
-    out["dask-csv"] = Path(release_flow(str(csv_spec), seed=SEED, engine="dask"))
+    out["dask-csv"] = Path(run_release(str(csv_spec), seed=SEED, engine="dask"))
     return {"tmp": tmp, "spec": spec, "source": source, **out}
 
 
@@ -104,7 +104,7 @@ def test_a_bad_chunk_on_a_dask_worker_fails_the_release_cleanly(releases):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flows.release import release_flow
+    from flows.release import run_release
     from pram_lib.spec import SpecError
 
     tmp = releases["tmp"] / "bad"
@@ -118,7 +118,7 @@ def test_a_bad_chunk_on_a_dask_worker_fails_the_release_cleanly(releases):
     spec = write_spec(tmp / "census.yaml", bad, tmp / "releases", tmp / "private", rows=ROWS, chunk_rows=20_000,
                       workers=2, tag="bad")
     with pytest.raises(SpecError) as err:
-        release_flow(str(spec), seed=SEED, engine="dask")
+        run_release(str(spec), seed=SEED, engine="dask")
     assert "census.yaml:" in str(err.value) and "variables[5].column" in str(err.value)
     assert "1 values are infinite" in str(err.value) and "Fix:" in str(err.value)
     assert not (tmp / "releases").exists() or not any((tmp / "releases").iterdir())

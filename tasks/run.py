@@ -1,0 +1,198 @@
+"""One release run: what it knows so far, and the clean-up it owns when a step fails.
+
+The flow reads as a list of steps; this object remembers what they produced (the spec, the staging
+folder, the channels, the published folder) so that, whatever fails, the run: removes its staging
+folder, writes one audit entry, settles or cancels its ledger reservation, closes its journal, and
+tells the operator in one summary artifact what happened. Each clean-up action is tried on its own; one
+that cannot be done (a full disk) is said plainly and left to the next run on the store, which recovers it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from pram_lib import __version__, publish, release
+from pram_lib.audit import utc_now
+from tasks.privacy import StepFailed, current_fixed_seed
+from tasks.release_tasks import audit_task, finish_run_task, hand_over_journal, release_key, settle_budget_task
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+GIT_COMMIT = _git_commit()
+FLOW_VERSION = f"{__version__}+{GIT_COMMIT[:12]}" if GIT_COMMIT else __version__
+
+
+class ReleaseRun:
+    def __init__(self, spec_path: str):
+        self.spec_path, self.seed = spec_path, current_fixed_seed()
+        self.run_id, self.started_at = uuid.uuid4().hex, utc_now()
+        self.record = {"run_id": self.run_id, "spec_path": str(Path(spec_path).resolve()),
+                       "started": self.started_at, "package_version": __version__, "git_commit": GIT_COMMIT}
+        self.spec = self.stage = self.folder = self.assignments = None
+        self.engine: str | None = None
+        self.settled = False
+        self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)
+
+    # -- what the steps produced -------------------------------------------------------------------
+    def loaded(self, spec):
+        self.spec = spec
+        self.record.update(release=spec.release, spec_sha256=spec.sha256)
+        return spec
+
+    def validated(self, validation: dict) -> dict:
+        self.record.update(validation_passed=validation["passed"], channels=self._channel_summary())
+        return validation
+
+    def published(self, folder: Path) -> None:
+        self.folder = folder
+
+    def settle(self) -> None:
+        """Right after publication: the ledger records what the release spent."""
+        settle_budget_task(self.spec, self.run_id, self.assignments, self.folder)
+        self.settled = True
+
+    def tag(self) -> None:
+        """Tags the run (release, population, engine, trigger) so operators can filter the run list."""
+        from prefect import get_client
+        from prefect.runtime import flow_run
+
+        spec = self.spec
+        try:
+            with get_client(sync_client=True) as client:
+                fr = client.read_flow_run(flow_run.id)
+                trigger = "schedule" if fr.auto_scheduled else "deployment" if fr.deployment_id else "manual"
+                tags = {*fr.tags, f"release:{spec.release}", f"engine:{self.engine}", f"trigger:{trigger}"}
+                if spec.population is not None:
+                    tags.add(f"population:{spec.population.key}")
+                client.update_flow_run(flow_run.id, tags=sorted(tags))
+        except Exception as exc:  # tags are a convenience: a run is never failed for them
+            get_run_logger().warning("could not tag the run: %s", type(exc).__name__)
+
+    # -- the end of a run --------------------------------------------------------------------------
+    def finish(self) -> str:
+        folder = self.folder
+        self.record.update(engine=self.engine)
+        manifest_sha = publish.sha256_of(folder / "manifest.json")
+        audit_task(self.spec_path, "release-published", {**self.record, "folder": folder.name,
+                                                         "manifest_sha256": manifest_sha, "finished": utc_now()})
+        finish_run_task()
+        get_run_logger().info("released %s: %s rows, epsilon %.4g, gate passed; folder %s", self.spec.release,
+                              f"{self.record.get('rows', 0):,}", self.spent(), folder)
+        self._summary("released")
+        return str(folder)
+
+    def fail(self, exc: BaseException) -> StepFailed:
+        """Clean up after a failed step; returns the error to raise (public text, the whole error beside it)."""
+        err = StepFailed.wrap(exc)
+        original = getattr(err, "original", None) or exc
+        kind = getattr(err, "kind", type(original).__name__)
+        if self.stage is not None:
+            publish.abandon_release(self.stage)
+            if self.folder is None and self.stage.final.is_dir():  # renamed into place, then a later step failed
+                self.folder = self.stage.final
+        if self.folder is not None:  # published whole, then a later step failed: the audit still vouches for it
+            self.record.update(folder=self.folder.name,
+                               manifest_sha256=publish.sha256_of(self.folder / "manifest.json"))
+        if self.assignments is not None:
+            self.record.setdefault("channels", self._channel_summary())
+        if kind == "ValidationGateFailed":
+            self.record["validation_passed"] = False
+        audited = self.spec is None and not Path(self.spec_path).is_file()  # no spec, no store: nothing to audit
+        audited = audited or self._try("audit entry", audit_task, self.spec_path, "release-failed",
+                            {**self.record, "engine": self.engine, "error": f"{kind}: {original}",
+                             "finished": utc_now()})
+        if self.spec is not None and not self.settled:
+            self._try("ledger", settle_budget_task, self.spec, self.run_id, self.assignments, self.folder)
+        if not self.unrecorded:
+            self._try("journal", finish_run_task)
+        else:  # what could not be recorded is left to the next run on this store (journal.recover)
+            hand_over_journal(f"{kind}: {original}; could not record: {'; '.join(self.unrecorded)}")
+        self._summary("published, then failed" if self.folder is not None else
+                      "refused" if kind in ("ValidationGateFailed", "SpecError", "LedgerRefused") else "failed",
+                      err, audited)
+        out = StepFailed(err.public, err.detail, err.step, err.user_error, kind)
+        out.original, out.folder, out.unrecorded = original, self.folder, list(self.unrecorded)
+        return out
+
+    def _try(self, what: str, fn, *args) -> bool:
+        try:
+            fn(*args)
+            return True
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                raise
+            self.unrecorded.append(f"{what} ({StepFailed.wrap(exc).public})")
+            return False
+
+    # -- the operator's view -----------------------------------------------------------------------
+    def spent(self) -> float:
+        return sum(release.spent_by_variable(self.assignments).values()) if self.assignments else 0.0
+
+    def _channel_summary(self) -> list[dict]:
+        return [{"variable": a.column, "stratum": a.stratum_label, "method": a.channel.method,
+                 "epsilon": "not DP" if a.is_noise else a.channel.epsilon, "prior_epsilon": a.prior_epsilon}
+                for a in self.assignments or []]
+
+    def _summary(self, outcome: str, err: StepFailed | None = None, audited: bool = True) -> None:
+        """One artifact per run: released or refused, the folder, ε spent and left, the gate, the clean-up."""
+        try:
+            create_markdown_artifact(key=f"{release_key(self.spec) if self.spec else 'release'}-summary",
+                                     markdown=self._summary_markdown(outcome, err, audited),
+                                     description=f"Release run summary: {outcome}")
+        except Exception as exc:
+            get_run_logger().warning("could not write the summary artifact: %s", type(exc).__name__)
+
+    def _summary_markdown(self, outcome: str, err: StepFailed | None, audited: bool) -> str:
+        spec = self.spec
+        title = {"released": "Released", "refused": "Refused: nothing published",
+                 "failed": "Failed: nothing published"}.get(outcome, "Published, then a later step failed")
+        lines = [f"# {title}", "", "| what | value |", "|---|---|",
+                 f"| release | {spec.release if spec else Path(self.spec_path).name} |",
+                 f"| engine | {self.engine or '-'} |"]
+        if self.folder is not None:
+            lines.append(f"| folder | `{self.folder}` |")
+        if err is not None:
+            lines.append(f"| failed step | {err.step or '-'} |")
+        gate = self.record.get("validation_passed")
+        lines.append(f"| gate | {'-' if gate is None else 'passed' if gate else 'REFUSED'} |")
+        if spec is not None:
+            spent = self.spent() if self.folder is not None else 0.0
+            lines.append(f"| ε spent by this release | {spent:.4g} of budget {spec.budget:g} "
+                         f"({spec.budget - spent:.4g} left) |")
+            if spec.population is not None:
+                lines.append(f"| population {spec.population.key} | {self._ledger_line()} |")
+        if err is not None:
+            lines += ["", "## What failed", "", err.public.replace("\n", " "), "", "## Clean-up", ""]
+            lines.append(f"- {'the release folder was published before the failure and stays (the audit vouches for it)' if self.folder is not None else 'nothing was published (the staging folder was removed)'}")
+            if spec is not None and spec.population is not None:
+                lines.append(f"- ledger reservation {'settled at the ε spent' if self.folder is not None else 'cancelled'}"
+                             if not any(u.startswith("ledger") for u in self.unrecorded) else
+                             "- ledger reservation NOT settled yet: the next run on this store settles it")
+            lines.append("- audit entry written" if audited else
+                         "- audit entry NOT written: the next run on this store writes it")
+            for u in self.unrecorded:
+                lines.append(f"- could not record: {u}")
+        return "\n".join(lines) + "\n"
+
+    def _ledger_line(self) -> str:
+        from pram_lib.ledger import ledger_for
+
+        try:
+            ledger, pop = ledger_for(self.spec), self.spec.population
+            used, cap = ledger.spent(pop.key), ledger.cap(pop.key) or pop.cap
+            return f"ε {used:.4g} of cap {cap:g} spent or reserved ({max(cap - used, 0.0):.4g} left)"
+        except Exception:
+            return "ledger not readable"
