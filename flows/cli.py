@@ -96,6 +96,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not spec.is_file():  # before Prefect starts: nothing is created for a spec that is not there
         print(f"error: {spec}: no such spec file. Fix: check the path", file=sys.stderr)
         return 2
+    api = os.environ.get("PREFECT_API_URL")
+    if api and not _answers(api):
+        print(f"error: no Prefect server answers at PREFECT_API_URL={api}. Fix: start one with `pram-release ui` "
+              "(and export the URL it prints), or unset PREFECT_API_URL for a temporary server", file=sys.stderr)
+        return 2
     from flows.release import run_release
     from pram_lib.spec import SpecError
     from tasks.privacy import StepFailed, full_message
@@ -135,6 +140,14 @@ def _report_failure(exc: BaseException) -> int:
     for what in unrecorded:
         print(f"could not record: {what}; the next run on this private store records it", file=sys.stderr)
     return 2 if isinstance(exc, StepFailed) and exc.user_error or not isinstance(exc, StepFailed) else 1
+
+
+def _answers(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=5) as r:
+            return r.status == 200
+    except (OSError, ValueError):
+        return False
 
 
 def _healthy(port: int) -> bool:

@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pram_lib import audit, journal, ledger, publish, release, stream
 from pram_lib.gate import run_gate
-from pram_lib.spec import ReleaseSpec, SpecError, load_spec
+from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, quiet_step_failures
 
 _JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journal (this process)
@@ -352,10 +352,7 @@ def audit_task(spec_path: str, event: str, fields: dict) -> dict:
 def _private_store(spec_path: str) -> Path:
     """The store the spec names, even when the spec does not load; an unreadable spec's default store beside it.
     No spec file, no store: nothing is created."""
-    from pram_lib import spec as spec_module
-
-    named = getattr(spec_module, "named_private_store", None)  # TEMP until the spec helper lands
-    store = named(spec_path) if named else None
+    store = named_private_store(spec_path)
     if store is None:
         path = Path(spec_path)
         if not path.is_file():

@@ -347,3 +347,12 @@ def test_engine_override_meets_the_specs_needs(prefect_server, tmp_path):
         run_release(str(spec), seed=1, engine="stream")
     assert info.value.field == "variables[0].adjust" and "'stream'" in str(info.value)
     assert not (tmp_path / "releases").exists()
+
+
+def test_cli_run_without_a_server_says_so(tmp_path):
+    """PREFECT_API_URL pointing nowhere: one message with the fix, not Prefect's connection traceback."""
+    spec = synth.write_spec(tmp_path)
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PYTHONPATH": str(ROOT)}
+    out = _cli(["run", str(spec)], env, tmp_path)
+    assert out.returncode == 2 and "no Prefect server answers" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "private").exists()
