@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (SpecError, StepFailed) as exc:
         return _report_failure(exc)
     except Exception as exc:
-        if getattr(exc, "public", False) is True or isinstance(exc, OSError):  # the gate's refusal, the disk
+        if StepFailed.wrap(exc).user_error:  # the gate's refusal, the disk, the ledger's database
             return _report_failure(exc)
         if getattr(exc.__cause__, "folder", None) is not None:
             return _report_failure(exc)

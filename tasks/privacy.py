@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import sqlite3
 import traceback
 
 from pram_lib.spec import SpecError
@@ -69,6 +70,8 @@ def public_message(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         name = f": {exc.filename}" if exc.filename else ""
         return f"{type(exc).__name__}: {exc.strerror or 'I/O error'}{name}"
+    if isinstance(exc, sqlite3.OperationalError):  # the ledger's disk is full or locked: the environment's
+        return f"the ledger database failed: {exc}"
     return f"{type(exc).__name__} (a programming error: the traceback is on the terminal and in the audit log)"
 
 
@@ -79,7 +82,7 @@ def full_message(exc: BaseException) -> str:
         return exc.detail
     if isinstance(exc, SpecError) or getattr(exc, "public", False) is True:
         return str(exc)
-    if isinstance(exc, OSError):
+    if isinstance(exc, (OSError, sqlite3.OperationalError)):
         return public_message(exc)
     return "".join(traceback.format_exception(exc)).rstrip()
 
@@ -97,7 +100,7 @@ class StepFailed(Exception):
     def wrap(cls, exc: BaseException, step: str | None = None) -> "StepFailed":
         if isinstance(exc, StepFailed):
             return exc
-        user = isinstance(exc, (SpecError, OSError)) or getattr(exc, "public", False) is True
+        user = isinstance(exc, (SpecError, OSError, sqlite3.OperationalError)) or getattr(exc, "public", False) is True
         out = cls(public_message(exc), full_message(exc), step, user, type(exc).__name__)
         out.original = exc
         return out

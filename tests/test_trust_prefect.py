@@ -356,3 +356,32 @@ def test_cli_run_without_a_server_says_so(tmp_path):
     out = _cli(["run", str(spec)], env, tmp_path)
     assert out.returncode == 2 and "no Prefect server answers" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "private").exists()
+
+
+def test_ledger_failing_after_publication_is_settled_by_the_next_run(prefect_server, tmp_path, monkeypatch):
+    """The ledger's disk fills after the rename (sqlite: 'database or disk is full'): the run says what it could
+    not record; the reservation stays counted (fail-safe) until the next run on the store settles it."""
+    import sqlite3
+
+    from flows.release import run_release
+    from pram_lib import ledger as ledger_mod
+    from pram_lib.ledger import Ledger
+
+    spec = _release_folder(tmp_path, "ledgerfull", {"mode": "memory"})
+    real = ledger_mod.settle_for
+
+    def full(*a, **k):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(ledger_mod, "settle_for", full)
+    with pytest.raises(sqlite3.OperationalError) as info:
+        run_release(str(spec), seed=21)
+    run = info.value.__cause__
+    assert run.folder is not None and any(u.startswith("ledger") for u in run.unrecorded), run.unrecorded
+    private = spec.parent / "private"
+    (spend,) = Ledger(private / "ledger.sqlite").history("trust-ledgerfull")
+    assert spend.status == "reserved"                       # still counted against the cap
+    monkeypatch.setattr(ledger_mod, "settle_for", real)
+    run_release(str(spec), seed=22)
+    hist = {h.folder: h.status for h in Ledger(private / "ledger.sqlite").history("trust-ledgerfull")}
+    assert hist[run.folder.name] == "spent" and len(hist) == 2 and set(hist.values()) == {"spent"}
