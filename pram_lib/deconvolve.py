@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-from pram_lib.channels.gamma import char_fn, moments
+from pram_lib.channels.gamma_law import char_fn, moments
 
 __all__ = [
     "KERNEL_MU2", "KERNEL_RK", "fan_kernel", "fan_kernel_ft", "noise_cf", "variance_integral",

@@ -20,9 +20,7 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
             for attr, cats in zip(ch.attributes, ch.categories):
                 cols[attr] = {"kind": "categorical", "domain": [str(c) for c in cats], "max_missing": 0}
             if v.adjust:
-                from pram_lib.release import weight_column
-
-                cols[weight_column(v)] = {"kind": "numeric", "dtype": "float64", "max_missing": 0, "min": 0.0,
+                cols[v.weight_column] = {"kind": "numeric", "dtype": "float64", "max_missing": 0, "min": 0.0,
                                           "max": float(profile.n_rows)}
             continue
         if v.is_noise:
@@ -40,34 +38,6 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
             if info["dtype"] == "str":
                 cols[c]["dtype"] = "str"
     return cols
-
-
-def check_strata(spec: ReleaseSpec, i: int, v, vp) -> None:
-    """Refuse strata too fine for the gate's χ² consistency check (known from the profile, before any channel).
-
-    The check of one stratum refers a quadratic form of its released counts to χ², which needs expected
-    counts of about ``validation.min_expected`` (5, Cochran's rule) per released category. The expected
-    counts of a stratum sum to its n_s non-missing records over k categories, so a stratum with
-    n_s < min_expected · k has a mean expected count below the rule. A continuous or identifier-like
-    stratum column gives about one record per stratum and fails at once.
-    """
-    if not v.strata or spec.validation.min_expected <= 0:
-        return
-    k = len(vp.categories)
-    sizes = np.array([float(np.sum(vp.counts[key])) for key in vp.strata])
-    need = spec.validation.min_expected * k
-    small = (sizes > 0) & (sizes < need)
-    if small.any():
-        raise spec.error(
-            ("variables", i, "strata"),
-            f"the strata of {v.column!r} are too fine for the gate: some strata have fewer than "
-            f"{spec.validation.min_expected:g} records per category on average, so the χ² consistency check of "
-            "their released counts is meaningless (counts are under `found`)",
-            {"strata": int(sizes.size), "strata_too_small": int(small.sum()),
-             "smallest_stratum": int(sizes[small].min()), "records_needed_per_stratum": int(np.ceil(need)),
-             "categories": k},
-            "coarsen the stratum column (e.g. age bands instead of single years; merge rare values), stratify on "
-            "fewer columns, or drop `strata:`; `validation.min_expected:` sets the records needed per category")
 
 
 def _noise_column(v, profile: Profile, channel) -> dict:

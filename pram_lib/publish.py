@@ -88,7 +88,7 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
             d = a.channel.to_dict()
             d.update(variable=a.column, variables=list(a.channel.attributes), stratum="all", strata_columns=[],
                      stratum_key=[], prior=a.prior, prior_epsilon=0.0, adjust=v.adjust,
-                     weight_column=_weight_column(v) if v.adjust else None,
+                     weight_column=v.weight_column if v.adjust else None,
                      convention_group="each cluster is K-ary RR on the product of its attributes' categories "
                                       "(cells in row-major order, first attribute most significant): keep the "
                                       "true cell w.p. keep, else each other cell w.p. move_each")
@@ -112,12 +112,6 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
         "unprotected": {"passthrough": list(spec.passthrough), "public_variables": public_variables(assignments)},
         "channels": entries,
     }
-
-
-def _weight_column(v) -> str:
-    from pram_lib.release import weight_column
-
-    return weight_column(v)
 
 
 PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
@@ -492,7 +486,7 @@ def group_report_section(spec: ReleaseSpec, groups: list[Assignment]) -> list[st
                 for i, row in enumerate(ch.dependence):
                     L.append(f"| {ch.attributes[i]} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
         if v.adjust:
-            L += ["", f"RR-Adjustment: the column `{_weight_column(v)}` holds weights (summing to the number of "
+            L += ["", f"RR-Adjustment: the column `{v.weight_column}` holds weights (summing to the number of "
                   "records) that make each cluster's weighted released distribution equal its estimate; use them "
                   "for tables across clusters (post-processing: no privacy cost)."]
         L += ["", "`tables.csv` has every 2-way table of the group: the unbiased estimate (inversion through the "

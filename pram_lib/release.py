@@ -388,6 +388,34 @@ def _stratum_label(vp, key: tuple) -> str:
     return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(vp.strata_columns, key))
 
 
+def check_strata(spec: ReleaseSpec, i: int, v, vp) -> None:
+    """Refuse strata too fine for the gate's χ² consistency check (known from the profile, before any channel).
+
+    The check of one stratum refers a quadratic form of its released counts to χ², which needs expected
+    counts of about ``validation.min_expected`` (5, Cochran's rule) per released category. The expected
+    counts of a stratum sum to its n_s non-missing records over k categories, so a stratum with
+    n_s < min_expected · k has a mean expected count below the rule. A continuous or identifier-like
+    stratum column gives about one record per stratum and fails at once.
+    """
+    if not v.strata or spec.validation.min_expected <= 0:
+        return
+    k = len(vp.categories)
+    sizes = np.array([float(np.sum(vp.counts[key])) for key in vp.strata])
+    need = spec.validation.min_expected * k
+    small = (sizes > 0) & (sizes < need)
+    if small.any():
+        raise spec.error(
+            ("variables", i, "strata"),
+            f"the strata of {v.column!r} are too fine for the gate: some strata have fewer than "
+            f"{spec.validation.min_expected:g} records per category on average, so the χ² consistency check of "
+            "their released counts is meaningless (counts are under `found`)",
+            {"strata": int(sizes.size), "strata_too_small": int(small.sum()),
+             "smallest_stratum": int(sizes[small].min()), "records_needed_per_stratum": int(np.ceil(need)),
+             "categories": k},
+            "coarsen the stratum column (e.g. age bands instead of single years; merge rare values), stratify on "
+            "fewer columns, or drop `strata:`; `validation.min_expected:` sets the records needed per category")
+
+
 def stream(seed: int, *key: int) -> np.random.Generator:
     """An independent random stream per (variable, stratum, purpose): order of steps does not matter."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy=seed, spawn_key=key)))
@@ -452,9 +480,7 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             continue
         vp = profile.variables[v.column]
         cats = vp.categories
-        from pram_lib.gate import check_strata  # the gate's χ² checks need enough records per stratum
-
-        check_strata(spec, i, v, vp)
+        check_strata(spec, i, v, vp)  # the gate's χ² checks need enough records per stratum
         for j, key in enumerate(vp.strata):
             counts = vp.counts[key]
             prior_label, prior_eps = "none (channel does not depend on the data)", 0.0
@@ -503,10 +529,6 @@ def choose_group(spec: ReleaseSpec, i: int, v: VariableSpec, gp: GroupProfile, s
             raise spec.error(("variables", i), f"cluster {[gp.attributes[j] for j in cl]} has {k:,} cells, more "
                              f"than {mr.MAX_DATA_CELLS:,}", None, "use rr-clusters with a smaller T_v")
     return ch
-
-
-def weight_column(v: VariableSpec) -> str:
-    return f"{v.name or 'rr'}_weight"
 
 
 THETA_STEP = 0.05
@@ -635,7 +657,7 @@ def perturb_group_columns(v: VariableSpec, gp: GroupProfile, ch, rng: np.random.
     out = {a: pd.Categorical.from_codes(z[:, j], categories=list(gp.categories[j]))
            for j, a in enumerate(gp.attributes)}
     if v.adjust:
-        out[weight_column(v)] = rr_adjustment(ch, z, warn=False)
+        out[v.weight_column] = rr_adjustment(ch, z, warn=False)
     return out
 
 
@@ -746,7 +768,7 @@ def estimate_group_tables(released: pd.DataFrame, assignments: list[Assignment],
         v = next(x for x in spec.variables if x.key == a.column)
         ch = a.channel
         z = group_codes(released, ch)
-        w = released[weight_column(v)].to_numpy() if v.adjust else None
+        w = released[v.weight_column].to_numpy() if v.adjust else None
         for i in range(len(ch.attributes)):
             for j in range(i + 1, len(ch.attributes)):
                 ai, aj = ch.attributes[i], ch.attributes[j]

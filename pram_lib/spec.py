@@ -279,6 +279,11 @@ class VariableSpec(_Strict):
         return self.columns is not None
 
     @property
+    def weight_column(self) -> str:
+        """The released column of a group's RR-Adjustment weights."""
+        return f"{self.name or 'rr'}_weight"
+
+    @property
     def key(self) -> str:
         """The variable's column, or the group's name."""
         return self.column if self.columns is None else (self.name or "+".join(self.columns))
@@ -626,7 +631,6 @@ def _check_locations(spec: ReleaseSpec) -> None:
 
 def _check_names(spec: ReleaseSpec) -> None:
     """Every released column has one name of its own; a group's name differs from every column name."""
-    from pram_lib.release import weight_column
 
     owner: dict[str, tuple] = {}   # name -> (loc, kind)
 
@@ -659,7 +663,7 @@ def _check_names(spec: ReleaseSpec) -> None:
         claim(col, ("passthrough", j), "a pass-through column")
     for i, v in enumerate(spec.variables):
         if v.is_group and v.adjust:
-            claim(weight_column(v), ("variables", i, "name" if v.name else "adjust"), "RR-Adjustment weights")
+            claim(v.weight_column, ("variables", i, "name" if v.name else "adjust"), "RR-Adjustment weights")
     for i, v in enumerate(spec.variables):
         if v.is_group:
             claim(v.key, ("variables", i, "name" if v.name else "columns"), "a group's name")

@@ -52,6 +52,10 @@ import numpy as np
 from scipy import fft as sfft
 from scipy import optimize, special
 
+from pram_lib import deconvolve as dc
+from pram_lib.channels.gamma_law import (TwoSidedGamma, _check, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
+                                         log_density, moments, sample, smoothness_bounds)
+
 __all__ = [
     "TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample", "moments",
     "smoothness_bounds", "ghatak_roy_scale",
@@ -79,134 +83,7 @@ class InfeasibleProtectionError(ValueError):
     """No (ϑ, η) on the grid meets the protection level (Q, δ)."""
 
 
-# =============================================================================================
-# 1. The two-sided Gamma family (§1.2)
-# =============================================================================================
-def _check(theta: float, eta: float) -> tuple[float, float]:
-    theta, eta = float(theta), float(eta)
-    if not (theta > 0 and np.isfinite(theta)):
-        raise ValueError(f"shape theta must be a finite number > 0, got {theta}")
-    if not (eta > 0 and np.isfinite(eta)):
-        raise ValueError(f"scale eta must be a finite number > 0, got {eta}")
-    return theta, eta
-
-
-def log_density(x: Any, theta: float, eta: float) -> np.ndarray:
-    """log f_{ϑ,η}(x); +inf at x = 0 when ϑ < 1, -inf there when ϑ > 1."""
-    theta, eta = _check(theta, eta)
-    a = np.abs(np.asarray(x, dtype=float))
-    const = -math.log(2.0) - special.gammaln(theta) - theta * math.log(eta)
-    if theta == 1.0:
-        return const - a / eta
-    with np.errstate(divide="ignore"):
-        return const + (theta - 1.0) * np.log(a) - a / eta
-
-
-def density(x: Any, theta: float, eta: float) -> np.ndarray:
-    """f_{ϑ,η}(x) = |x|^{ϑ-1} e^{-|x|/η} / (2Γ(ϑ)η^ϑ), Eq. (3)."""
-    return np.exp(log_density(x, theta, eta))
-
-
-def cdf(x: Any, theta: float, eta: float) -> np.ndarray:
-    """F(x) = 1/2 + sign(x) P(ϑ, |x|/η)/2 (P = regularised lower incomplete gamma) [D]."""
-    theta, eta = _check(theta, eta)
-    x = np.asarray(x, dtype=float)
-    return 0.5 + 0.5 * np.sign(x) * special.gammainc(theta, np.abs(x) / eta)
-
-
-def char_fn(t: Any, theta: float, eta: float) -> np.ndarray:
-    """Fourier transform f̃(t) = ∫e^{-itx}f = r^{-ϑ} cos(ϑ arctan(tη)), r = sqrt(1 + t²η²) (Appendix).
-
-    Real and even; > 0 for ϑ ≤ 1; zeros at ±tan(π/(2ϑ))/η for ϑ > 1 (Lemma 1.1).
-    """
-    theta, eta = _check(theta, eta)
-    te = np.asarray(t, dtype=float) * eta
-    return np.exp(-0.5 * theta * np.log1p(te * te)) * np.cos(theta * np.arctan(te))
-
-
-def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.ndarray:
-    """Y = S·G with S = ±1 (prob. 1/2 each) and G ~ Gamma(shape ϑ, scale η), independent [D]."""
-    theta, eta = _check(theta, eta)
-    g = rng.gamma(theta, eta, size=size)
-    s = rng.integers(0, 2, size=size, dtype=np.int8)
-    return np.where(s == 1, g, -g)
-
-
-def moments(theta: float, eta: float) -> dict:
-    """E Y = 0, E|Y| = ϑη, Var Y = ϑ(ϑ+1)η², E Y⁴ = ϑ(ϑ+1)(ϑ+2)(ϑ+3)η⁴ [D]."""
-    theta, eta = _check(theta, eta)
-    var = theta * (theta + 1.0) * eta**2
-    m4 = theta * (theta + 1) * (theta + 2) * (theta + 3) * eta**4
-    return {"mean": 0.0, "abs_mean": theta * eta, "var": var, "sd": math.sqrt(var),
-            "fourth_moment": m4, "kurtosis": m4 / var**2}
-
-
-def smoothness_bounds(theta: float, eta: float) -> tuple[float, float]:
-    """Constants (c1, c2) of the Appendix proof of Lemma 1.1: c1(1+|t|)^{-ϑ} ≤ f̃(t) ≤ c2(1+|t|)^{-ϑ}.
-
-    Valid for 0 < ϑ < 1 (c1 = 0 at ϑ = 1, where the Laplace is ordinary smooth of order 2 instead).
-    """
-    theta, eta = _check(theta, eta)
-    if eta > 1:
-        return eta**-theta * math.cos(math.pi * theta / 2), 2 ** (theta / 2)
-    return math.cos(math.pi * theta / 2), 2 ** (theta / 2) * eta**-theta
-
-
-def ghatak_roy_scale(theta: float, eps: float, delta: float) -> float:
-    """The Ghatak–Roy (2018) scale, Eq. (4): η with P(|Y| > ε) = δ, i.e. ε/η = Q^{-1}(ϑ, δ).
-
-    For the Laplace (ϑ = 1) this is η = ε / ln(1/δ) (Figure 1: ε = 1, δ = 0.1 → 0.4342945).
-    """
-    return float(eps) / float(special.gammainccinv(float(theta), float(delta)))
-
-
-@dataclass(frozen=True)
-class TwoSidedGamma:
-    """The two-sided Gamma law as an object (pdf/cdf/cf/rvs/isf); usable as a noise in the measure."""
-
-    theta: float
-    eta: float
-
-    def __post_init__(self) -> None:
-        _check(self.theta, self.eta)
-
-    # the population-measure routines use: singular exponent α (f(y) = y^α · regular(y) on y > 0)
-    @property
-    def singular_exponent(self) -> float:
-        return self.theta - 1.0
-
-    def regular_part(self, y: np.ndarray) -> np.ndarray:
-        return np.exp(-np.asarray(y) / self.eta - math.log(2.0) - special.gammaln(self.theta)
-                      - self.theta * math.log(self.eta))
-
-    def pdf(self, x: Any) -> np.ndarray:
-        return density(x, self.theta, self.eta)
-
-    def logpdf(self, x: Any) -> np.ndarray:
-        return log_density(x, self.theta, self.eta)
-
-    def cdf(self, x: Any) -> np.ndarray:
-        return cdf(x, self.theta, self.eta)
-
-    def sf(self, x: Any) -> np.ndarray:
-        x = np.asarray(x, dtype=float)
-        return 0.5 - 0.5 * np.sign(x) * special.gammainc(self.theta, np.abs(x) / self.eta)
-
-    def isf(self, p: Any) -> np.ndarray:
-        """y with P(Y > y) = p, for 0 < p ≤ 1/2."""
-        return self.eta * special.gammainccinv(self.theta, 2.0 * np.asarray(p, dtype=float))
-
-    def cf(self, t: Any) -> np.ndarray:
-        return char_fn(t, self.theta, self.eta)
-
-    def rvs(self, size: Any, rng: np.random.Generator) -> np.ndarray:
-        return sample(size, self.theta, self.eta, rng)
-
-    def var(self) -> float:
-        return moments(self.theta, self.eta)["var"]
-
-    def std(self) -> float:
-        return math.sqrt(self.var())
+# 1. The two-sided Gamma family (§1.2) lives in pram_lib/channels/gamma_law.py (imported above).
 
 
 # =============================================================================================
@@ -969,8 +846,6 @@ def utility_criterion(theta: float, eta: float, n: int, sigma_x: float, *, objec
     * ``"fixed_b"``: V(b) at a common ``bandwidth``.
     ``bias_const`` is μ²_{K,2} = 36 for K̃ = (1 - t²)³; 11520 is the paper's printed constant (§7 B2).
     """
-    from pram_lib import deconvolve as dc
-
     if objective == "fixed_b":
         if bandwidth is None:
             raise ValueError("objective='fixed_b' needs bandwidth=")
@@ -1222,9 +1097,7 @@ class NoiseChannel:
 
     def deconvolve(self, released: Any, x: Any = None, **kw):
         """Analyst side: deconvolution estimate of the density and CDF (see pram_lib.deconvolve)."""
-        from pram_lib.deconvolve import deconvolve
-
-        return deconvolve(released, self.theta, self.eta, x, **kw)
+        return dc.deconvolve(released, self.theta, self.eta, x, **kw)
 
     def to_dict(self) -> dict:
         return {
