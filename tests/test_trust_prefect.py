@@ -385,3 +385,31 @@ def test_ledger_failing_after_publication_is_settled_by_the_next_run(prefect_ser
     run_release(str(spec), seed=22)
     hist = {h.folder: h.status for h in Ledger(private / "ledger.sqlite").history("trust-ledgerfull")}
     assert hist[run.folder.name] == "spent" and len(hist) == 2 and set(hist.values()) == {"spent"}
+
+
+def test_a_spec_that_fails_to_load_is_audited_in_the_store_it_names(prefect_server, tmp_path):
+    """Not beside the spec: the failure goes where the curator keeps the private store."""
+    from flows.release import run_release
+    from pram_lib.spec import SpecError
+
+    store = tmp_path / "elsewhere" / "private"
+    spec = synth.write_spec(tmp_path / "specs", budget="lots", private_store=str(store))
+    with pytest.raises(SpecError):
+        run_release(str(spec))
+    entries = [json.loads(x) for x in (store / "audit.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in entries] == ["release-failed"] and "budget" in entries[0]["error"]
+    assert not (tmp_path / "specs" / "private").exists()
+
+
+def test_the_report_artifact_is_what_the_ui_can_render(tmp_path):
+    """Plots become a list of files (the UI cannot load relative images); wide tables one line per row."""
+    from tasks.release_tasks import UI_MAX_COLUMNS, ui_markdown
+
+    report = ("# R\n\n| a | b | c | d | e | f | g | h |\n|---|---|---|---|---|---|---|---|\n"
+              "| `x` | 1 | 2 | 3 | 4 | 5 | 6 | 7 |\n| `y` | 8 | 9 | 10 | 11 | 12 | 13 | 14 |\n\n"
+              "| v | w |\n|---|---|\n| 1 | 2 |\n\n![x](plots/x.png)\n![y](plots/y.png)\n\ntext\n")
+    out = ui_markdown(report, tmp_path / "rel")
+    assert "![" not in out and "`plots/x.png`, `plots/y.png`" in out and str(tmp_path / "rel") in out
+    widest = max(line.count("|") - 1 for line in out.splitlines() if line.startswith("|"))
+    assert widest <= UI_MAX_COLUMNS
+    assert "- **`x`**: b: 1; c: 2; d: 3; e: 4; f: 5; g: 6; h: 7" in out and "| v | w |" in out and "text" in out
