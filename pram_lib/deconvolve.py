@@ -16,8 +16,9 @@ noise: the plain kernel estimator). Section numbers (§) refer to ``shared/refer
   floored at 5% of s_Z² (§4.3 step 7, §7 C6).
 
 Everything is grid-vectorised: φ̂_Z is computed once at the Gauss–Legendre nodes t_k on [0, 1/b]
-(chunked over records; for n > 200 000 from a linear binning of Z with width b/64, whose error in
-each e^{itZ} is at most (t·width)²/8 ≤ 3.1e-5), then ĝ and Ĝ on an x-grid are one matrix product.
+(chunked over records, or from a linear binning of Z with width b/64 whenever that grid has fewer points
+than there are records, so the cost O(nodes·min(n, bins)) has no jump in n; the binning moves each
+e^{itZ} by at most (t·width)²/8 ≤ 3.1e-5), then ĝ and Ĝ on an x-grid are one matrix product.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pram_lib.channels.gamma_law import char_fn, moments
 
 __all__ = [
     "KERNEL_MU2", "KERNEL_RK", "fan_kernel", "fan_kernel_ft", "noise_cf", "variance_integral",
-    "normal_reference_roughness", "aimse", "aimse_bandwidth", "analyst_sigma_x",
+    "normal_reference_roughness", "aimse", "aimse_bandwidth", "analyst_sigma_x", "auto_bin_width",
     "DeconvolutionEstimate", "deconvolve", "deconvolve_density", "deconvolve_cdf", "density_theta_form",
     "variance_integral_theta_form", "BootstrapBand", "bootstrap_band", "error_ratios",
 ]
@@ -41,7 +42,7 @@ __all__ = [
 _A0 = 1024.0 / 3003.0               # ∫_0^1 (1 - u²)⁶ du
 KERNEL_MU2 = 6.0                    # μ_{K,2} = -K̃''(0)
 KERNEL_RK = _A0 / math.pi           # R(K) = 0.1085412...
-_BIN_ABOVE = 200_000                # linear binning of Z for φ̂ above this many records
+_BIN_PER_BANDWIDTH = 64             # φ̂ bin width b/64 (bin_width="auto")
 
 _gl: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -156,6 +157,18 @@ def _clean_z(z: Any) -> np.ndarray:
     return z
 
 
+def auto_bin_width(n: int, span: float, bandwidth: float) -> float | None:
+    """The φ̂ bin width of ``bin_width="auto"``: b/64 when the linear binning of n values spread over
+    ``span`` has fewer grid points (⌊span/width⌋ + 2) than there are records, else None (exact φ̂).
+
+    Binning costs O(n) plus O(nodes·bins), the exact sum O(nodes·n): the rule takes the cheaper one,
+    so the cost is continuous in n, and for a fixed span and bandwidth it never switches back to
+    exact as n grows.
+    """
+    width = bandwidth / _BIN_PER_BANDWIDTH
+    return width if span / width < n - 2 else None       # ⌊s⌋ + 2 < n  ⟺  s < n - 2 for integer n
+
+
 def _phi_hat(zc: np.ndarray, t: np.ndarray, bin_width: float | None) -> np.ndarray:
     """φ̂(t) = mean e^{itZ} (Z already centred), exact in chunks or from a linear binning."""
     if bin_width is not None:
@@ -224,14 +237,15 @@ def deconvolve(z: Any, theta: float, eta: float, x: Any = None, *, bandwidth: fl
     """ĝ and Ĝ on the x-grid (default: nx points over the range of Z) from released values z.
 
     ``bandwidth`` defaults to the AIMSE bandwidth with the analyst's σ̂_X. ``bin_width="auto"``
-    bins Z (width b/64) only above 200 000 records; ``None`` forces the exact φ̂.
+    bins Z (width b/64) when that is cheaper than the exact φ̂ (:func:`auto_bin_width`); ``None``
+    forces the exact φ̂, a number forces that bin width.
     """
     z, n, sx, b, xg = _setup(z, theta, eta, x, bandwidth, sigma_x, bias_const, nx)
     c = float(np.median(z))
     u, w = _nodes01(nodes)
     t = u / b
     psi = fan_kernel_ft(u) / noise_cf(t, theta, eta)
-    bw = (b / 64 if n > _BIN_ABOVE else None) if bin_width == "auto" else bin_width
+    bw = auto_bin_width(n, float(z.max() - z.min()), b) if bin_width == "auto" else bin_width
     phi = _phi_hat(z - c, t, bw)
     g, G = _inversion(xg - c, t, w / b, psi, phi)
     return DeconvolutionEstimate(xg, g, G, b, float(theta), float(eta), n, sx, bw)
