@@ -73,7 +73,7 @@ def _in_memory(run: ReleaseRun, spec) -> Path:
     seed = seed_task(spec, run.run_id, run.seed)
     assignments = run.assignments = choose_channels_task(spec, profile, seed)
     released = perturb_task(source, spec, profile, assignments, seed)
-    estimates = estimate_task(released, assignments, profile)
+    estimates = estimate_task(released, assignments, profile, spec)
     distributions = distributions_task(released, assignments, spec)
     stage = run.stage = stage_task(spec)
     validation = run.validated(validate_task(spec, profile, assignments, released, stage))

@@ -168,11 +168,11 @@ class Channel:
             name=series.name,
         )
 
-    def estimate(self, released_counts: Sequence[float]):
-        """Estimate of the true distribution from released counts (see pram_lib.estimate)."""
+    def estimate(self, released_counts: Sequence[float], level: float = 0.95):
+        """Estimate of the true distribution from released counts, intervals at `level` (see pram_lib.estimate)."""
         from pram_lib.estimate import estimate_distribution
 
-        return estimate_distribution(self, released_counts)
+        return estimate_distribution(self, released_counts, level=level)
 
     # -- publication ----------------------------------------------------------------------------
     def to_dict(self) -> dict:

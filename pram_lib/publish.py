@@ -176,11 +176,11 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     (stage.tmp / "channels.json").write_text(json.dumps(channels_document(spec, assignments), indent=2) + "\n")
     estimates.to_csv(stage.tmp / "estimates.csv", index=False)
     overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
-    plots = write_plots(stage, overall)
+    plots = write_plots(stage, overall, level=spec.confidence)
     if not curves.empty:
         curves.to_csv(stage.tmp / "distributions.csv", index=False)
         summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
-        plots += write_noise_plots(stage, curves, values_for_plots)
+        plots += write_noise_plots(stage, curves, values_for_plots, level=spec.confidence)
     if not tables.empty:
         tables.to_csv(stage.tmp / "tables.csv", index=False)
     public_validation = {"gx": validation["gx"],
@@ -195,7 +195,19 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     return report, overall
 
 
-def aggregate_strata(estimates: pd.DataFrame) -> pd.DataFrame:
+def pct(level: float) -> str:
+    """A confidence level as the report writes it: 0.95 -> '95%', 0.995 -> '99.5%'."""
+    return f"{100 * level:.4g}%"
+
+
+def z_of(level: float) -> float:
+    """The two-sided normal quantile of a confidence level (1.96 at 0.95)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2.0))
+
+
+def aggregate_strata(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Per-variable totals over strata: p = Σ (n_s/n) p_s; variances add (independent strata)."""
     rows = []
     for var, g in estimates.groupby("variable", sort=False):
@@ -211,7 +223,7 @@ def aggregate_strata(estimates: pd.DataFrame) -> pd.DataFrame:
                .agg(released_count=("released_count", "sum"), estimate=("w_est", "sum"), var=("w_var", "sum"),
                     projected=("w_proj", "sum"), mle=("w_mle", "sum"))
                .reset_index())
-        z = 1.959963984540054
+        z = z_of(level)
         se = np.sqrt(agg["var"].to_numpy())
         rows.append(pd.DataFrame({
             "variable": var, "stratum": "all", "category": agg["category"],
@@ -222,14 +234,14 @@ def aggregate_strata(estimates: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def with_totals(estimates: pd.DataFrame) -> pd.DataFrame:
+def with_totals(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Rows per stratum plus, for every variable, its total over strata (stratum "all")."""
     if estimates.empty:
         return estimates
-    return pd.concat([aggregate_strata(estimates), estimates[estimates["stratum"] != "all"]], ignore_index=True)
+    return pd.concat([aggregate_strata(estimates, level), estimates[estimates["stratum"] != "all"]], ignore_index=True)
 
 
-def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -> list[str]:
+def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, level: float = 0.95) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -246,7 +258,7 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30) -
         ax.bar(x - 0.2, g["released_share"], width=0.4, label="released frequency (raw)", color="#bbbbbb")
         err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
         ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
-               label="estimated true distribution, 95% interval")
+               label=f"estimated true distribution, {pct(level)} interval")
         ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
         ax.set_ylabel("share of records")
         ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
@@ -302,7 +314,7 @@ def _save_plot(stage: Stage, fig, var: str) -> str:
     return name
 
 
-def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame) -> list[str]:
+def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame, level: float = 0.95) -> list[str]:
     """Per continuous variable: Ĝ with its bootstrap bands beside the released ECDF, and ĝ with its band."""
     import matplotlib
 
@@ -318,8 +330,8 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
         z = released[var].to_numpy(dtype=float)
         z = np.sort(z[~np.isnan(z)])
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-        a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea", label="95% simultaneous band")
-        a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label="95% pointwise band")
+        a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea", label=f"{pct(level)} simultaneous band")
+        a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label=f"{pct(level)} pointwise band")
         a1.plot(x, g["cdf"], color="#1f4e8c", label="estimated true CDF (deconvolution)")
         a1.plot(z, np.arange(1, z.size + 1) / z.size, color="#999999", lw=1, label="released values (ECDF)")
         a1.set_xlim(x.min(), x.max())
@@ -329,7 +341,8 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
         a1.legend(fontsize=7, loc="lower right")
         a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
                 label="released values (histogram)")
-        a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6", label="95% pointwise band")
+        a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6",
+                        label=f"{pct(level)} pointwise band")
         a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
         a2.set_xlabel(label)
         a2.set_title(f"{_plot_label(var)}: density")
@@ -421,11 +434,11 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
                  f"| {tvd.get(var, float('nan')):.4f} |")
     L += ["", "## Estimated true distributions", "",
           "`estimates.csv` has every variable, stratum and category: the unbiased estimate (inversion), its standard "
-          "error and 95% interval, the projection onto the simplex and the maximum-likelihood estimate (EM).", ""]
+          f"error and {pct(spec.confidence)} interval, the projection onto the simplex and the maximum-likelihood estimate (EM).", ""]
     if noise:
         L += ["`distributions.csv` has, for every continuous variable, the deconvolution estimate of the true "
               "density ĝ and distribution function Ĝ on a grid (release scale `x` and original units `x_original`), "
-              "with 95% pointwise bootstrap bands and a 95% simultaneous band for Ĝ (bandwidth fixed at the AIMSE "
+              f"with {pct(spec.confidence)} pointwise bootstrap bands and a {pct(spec.confidence)} simultaneous band for Ĝ (bandwidth fixed at the AIMSE "
               "value; the bands cover the estimator's variability, not its smoothing bias). "
               "`numeric_summary.csv` has the estimated mean and variance of each true variable "
               "(E X = E Z; Var X = Var Z − Var Y) with standard errors.", ""]
@@ -490,7 +503,7 @@ def group_report_section(spec: ReleaseSpec, groups: list[Assignment]) -> list[st
                   "records) that make each cluster's weighted released distribution equal its estimate; use them "
                   "for tables across clusters (post-processing: no privacy cost)."]
         L += ["", "`tables.csv` has every 2-way table of the group: the unbiased estimate (inversion through the "
-              "clusters' channels) with its 95% interval" + (", and the adjusted (weighted) table." if v.adjust else "."),
+              f"clusters' channels) with its {pct(spec.confidence)} interval" + (", and the adjusted (weighted) table." if v.adjust else "."),
               ""]
     return L
 
@@ -532,7 +545,7 @@ def noise_report_section(spec: ReleaseSpec, noise: list[Assignment], summary: pd
                   "spread uniformly over its step (otherwise ties make it meaningless for ϑ < 1)."]
     if summary is not None and not summary.empty:
         L += ["", "Estimated moments of the true variables (release scale):", "",
-              "| variable | mean (95% CI) | sd | noise sd |", "|---|---|---|---|"]
+              f"| variable | mean ({pct(spec.confidence)} CI) | sd | noise sd |", "|---|---|---|---|"]
         for r in summary.itertuples():
             L.append(f"| `{r.variable}` | {r.mean:.4g} ({r.mean_lower:.4g}, {r.mean_upper:.4g}) | "
                      f"{r.sd:.4g} | {math.sqrt(r.noise_var):.4g} |")
@@ -587,7 +600,8 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
             "after": risk_measures(released, keys) if released is not None else none}
     L = [f"# INTERNAL report for `{spec.release}` (confidential: do not publish)", "",
          "## Utility kept (source vs estimate)", "",
-         "| variable | TVD projected | TVD unbiased | TVD raw released | I(X;Z) at true p | 95% interval coverage |",
+         "| variable | TVD projected | TVD unbiased | TVD raw released | I(X;Z) at true p | "
+         f"{pct(spec.confidence)} interval coverage |",
          "|---|---|---|---|---|---|"]
     for u in util:
         L.append(f"| `{u['variable']}` | {u['tvd_source_vs_estimate']:.4f} | {u['tvd_source_vs_unbiased']:.4f} | "
@@ -610,7 +624,8 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
     grp = group_utility(assignments, profile, overall, tables)
     if grp:
         L += ["", "## Groups: source vs estimate", "",
-              "| group | table | TVD unbiased (projected) | TVD adjusted (weighted) | 95% interval coverage |",
+              "| group | table | TVD unbiased (projected) | TVD adjusted (weighted) | "
+              f"{pct(spec.confidence)} interval coverage |",
               "|---|---|---|---|---|"]
         for u in grp:
             adj = "—" if u["tvd_adjusted"] is None else f"{u['tvd_adjusted']:.4f}"

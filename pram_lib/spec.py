@@ -374,6 +374,7 @@ class ReleaseSpec(_Strict):
     population: PopulationSpec | None = None
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool = False
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="level of every published interval and band")
     passthrough: list[str] = Field(default_factory=list)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)

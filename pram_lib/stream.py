@@ -644,7 +644,7 @@ def estimate_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> pd.
         if a.is_group:
             frames += group_marginals(None, a.channel, level, totals.attribute_counts[a.column])
             continue
-        f = estimate_frame(a, totals.released_counts[a.column][plan.strata[a.column][a.stratum]])
+        f = estimate_frame(a, totals.released_counts[a.column][plan.strata[a.column][a.stratum]], level)
         if f is not None:
             frames.append(f)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ESTIMATE_COLUMNS)

@@ -119,15 +119,16 @@ def perturb_task(df, spec, profile, assignments, seed: Seed) -> pd.DataFrame:
 
 
 @step("estimate")
-def estimate_task(released, assignments, profile) -> pd.DataFrame:
-    return publish.with_totals(release.estimate_release(released, assignments, profile))
+def estimate_task(released, assignments, profile, spec: ReleaseSpec) -> pd.DataFrame:
+    level = spec.confidence
+    return publish.with_totals(release.estimate_release(released, assignments, profile, level), level)
 
 
 @step("deconvolve")
 def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Continuous variables: Ĝ, ĝ with bootstrap bands and moments; groups: 2-way tables. Release only."""
-    curves, summary = release.estimate_distributions(released, assignments, spec)
-    return curves, summary, release.estimate_group_tables(released, assignments, spec)
+    curves, summary = release.estimate_distributions(released, assignments, spec, spec.confidence)
+    return curves, summary, release.estimate_group_tables(released, assignments, spec, spec.confidence)
 
 
 @step("stage-release")
@@ -493,9 +494,10 @@ def source_unchanged_task(spec: ReleaseSpec, digest: str) -> None:
 @step("estimate")
 def estimate_chunked_task(plan: stream.Plan, totals: stream.ChunkResult):
     """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
-    estimates = publish.with_totals(stream.estimate_totals(plan, totals))
-    curves, summary = stream.continuous_totals(plan, totals)
-    return estimates, (curves, summary, stream.group_tables_totals(plan, totals))
+    level = plan.spec.confidence
+    estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
+    curves, summary = stream.continuous_totals(plan, totals, level)
+    return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level))
 
 
 @step("validate")

@@ -522,3 +522,18 @@ def test_to_frame_and_channel_method():
     assert est90.upper[0] - est90.inversion[0] == pytest.approx(1.6448536269514722 * est.se[0], abs=1e-14)
     with pytest.raises((AttributeError, TypeError, ValueError)):
         est.inversion[0] = 0.0
+
+
+def test_interval_coverage_at_another_level(mc_krr):
+    """The spec's `confidence:` reaches the intervals: at 0.80 they cover in [77%, 83%] of 2,000 reps per
+    category (binomial sd sqrt(.8·.2/2000) = 0.0089, so ±3.4 sd), and their half-width is z_0.9·se."""
+    from scipy.stats import norm
+
+    M, p, counts, _ = mc_krr
+    q = np.full(10, v(1.0, 10))
+    ests = [estimate_distribution(keep_channel(q), c, level=0.8) for c in counts]
+    lo = np.array([e.lower for e in ests])
+    hi = np.array([e.upper for e in ests])
+    cover = ((lo <= p) & (p <= hi)).mean(axis=0)
+    assert np.all((cover >= 0.77) & (cover <= 0.83)), cover
+    assert np.all(np.abs(hi - lo - 2 * norm.ppf(0.9) * np.array([e.se for e in ests])) < 1e-12)

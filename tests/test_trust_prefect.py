@@ -413,3 +413,28 @@ def test_the_report_artifact_is_what_the_ui_can_render(tmp_path):
     widest = max(line.count("|") - 1 for line in out.splitlines() if line.startswith("|"))
     assert widest <= UI_MAX_COLUMNS
     assert "- **`x`**: b: 1; c: 2; d: 3; e: 4; f: 5; g: 6; h: 7" in out and "| v | w |" in out and "text" in out
+
+
+@pytest.mark.parametrize("engine", ["memory", "stream"])
+def test_the_confidence_level_is_honoured_everywhere(prefect_server, tmp_path, engine):
+    """`confidence: 0.8`: every published interval is estimate ± z_0.9·se (the old code hard-coded 1.96 in the
+    in-memory curves' moments and in the strata totals), on both engines; the report says 80%."""
+    from scipy.stats import norm
+
+    from flows.release import run_release
+
+    spec = _release_folder(tmp_path, f"conf-{engine}", {"mode": engine, **({"chunk_rows": 1000} if engine != "memory"
+                                                                           else {})}, confidence=0.8)
+    d = yaml.safe_load(spec.read_text())
+    d["variables"][1].update(strata=["region"], prior="uniform")          # strata totals are aggregated
+    spec.write_text(yaml.safe_dump(d))
+    folder = Path(run_release(str(spec), seed=5))
+    z = norm.ppf(0.9)
+    est = pd.read_csv(folder / "estimates.csv")
+    assert len(est) and set(est["stratum"]) >= {"all", "region=north"}
+    assert ((est["upper"] - est["estimate"]) / est["se"]).sub(z).abs().max() < 1e-9
+    num = pd.read_csv(folder / "numeric_summary.csv")
+    assert ((num["mean_upper"] - num["mean"]) / num["mean_se"]).sub(z).abs().max() < 1e-9
+    assert (num["level"] == 0.8).all()
+    report = (folder / "report.md").read_text()
+    assert "80% interval" in report and "95%" not in report
