@@ -22,6 +22,8 @@ def _api_url(port: int) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from pram_lib import release
+    from pram_lib.audit import sha256_file
+    from pram_lib.guarantee import NotDP
     from pram_lib.spec import SpecError, load_spec
 
     try:
@@ -36,7 +38,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             if spec.engine.address:
                 stream.check_dask_address(spec)
             stream.check_source(spec)
-            digest = release.file_sha256(spec.resolve(spec.source.path))
+            digest = sha256_file(spec.resolve(spec.source.path))
             profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))
         assignments = release.choose_channels(spec, profile, seed)
     except SpecError as exc:
@@ -64,7 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"{mi:>9}  {c.method}{'' if c.certified else ' [not certified]'}")
     spent = sum(release.spent_by_variable(assignments).values())
     print(f"budget: epsilon {spent:.4g} of {spec.budget:g} per record ({spec.budget - spent:.4g} left)")
-    noise = [a.column for a in assignments if a.is_noise]
+    noise = [a.column for a in assignments if isinstance(a.guarantee, NotDP)]
     if noise:
         print(f"continuous, protected by noise (not differential privacy, not in the budget): {', '.join(noise)}")
     if spec.passthrough:

@@ -11,7 +11,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from pram_lib.jsonable import to_json
 from pram_lib import perturb as _perturb
+from pram_lib.guarantee import LDP
 
 MISSING = -1  # code of a missing value; it stays missing through every channel
 
@@ -104,6 +106,11 @@ class Channel:
 
     # -- privacy ---------------------------------------------------------------------------
     @property
+    def guarantee(self) -> LDP:
+        """ε-LDP per record, ε the largest log-ratio within a column of the matrix."""
+        return LDP(self.epsilon)
+
+    @property
     def gamma(self) -> float:
         """Chai–Nayak parity bound γ = e^ε (every Bayes factor lies in [1/γ, γ])."""
         return float(np.exp(self.epsilon)) if np.isfinite(self.epsilon) else float("inf")
@@ -179,7 +186,7 @@ class Channel:
         """What a release publishes about this channel (JSON-ready)."""
         out: dict[str, Any] = {
             "variables": list(self.variables),
-            "categories": [_jsonable(c) for c in self.categories],
+            "categories": [to_json(c) for c in self.categories],
             "epsilon": self.epsilon if np.isfinite(self.epsilon) else "inf",
             "gamma": self.gamma if np.isfinite(self.gamma) else "inf",
             "method": self.method,
@@ -192,7 +199,7 @@ class Channel:
             out["keep"] = self.keep.tolist()
         else:
             out["family"] = "dense"
-            out["output_categories"] = [_jsonable(c) for c in self.output_categories]
+            out["output_categories"] = [to_json(c) for c in self.output_categories]
             out["matrix"] = self.dense.tolist()
         return out
 
@@ -218,12 +225,6 @@ class Channel:
 
 
 Channel.alpha = property(lambda self: self.epsilon, doc="α of the PRAM paper; the same number as ε.")
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
 
 
 def encode(values: pd.Series, categories: Sequence[Any], name: str = "") -> np.ndarray:

@@ -18,6 +18,8 @@ import pandas as pd
 
 from pram_lib import __version__
 from pram_lib.audit import build_manifest, sha256_file as sha256_of
+from pram_lib.channels.rr import h_gamma
+from pram_lib.guarantee import NotDP
 from pram_lib.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
 from pram_lib.spec import ReleaseSpec
 
@@ -80,26 +82,8 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
     spent = spent_by_variable(assignments)
     entries = []
     for a in assignments:
-        if a.is_noise:
-            entries.append(noise_entry(spec, a))
-            continue
-        if a.is_group:
-            v = next(x for x in spec.variables if x.key == a.column)
-            d = a.channel.to_dict()
-            d.update(variable=a.column, variables=list(a.channel.attributes), stratum="all", strata_columns=[],
-                     stratum_key=[], prior=a.prior, prior_epsilon=0.0, adjust=v.adjust,
-                     weight_column=v.weight_column if v.adjust else None,
-                     convention_group="each cluster is K-ary RR on the product of its attributes' categories "
-                                      "(cells in row-major order, first attribute most significant): keep the "
-                                      "true cell w.p. keep, else each other cell w.p. move_each")
-            entries.append(d)
-            continue
-        d = a.channel.to_dict()
-        d["details"] = {k: v for k, v in d.get("details", {}).items() if k not in VOLATILE_DETAILS}
-        d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
-                 stratum_key=[None if x is None else str(x) for x in a.stratum],
-                 prior=a.prior, prior_epsilon=a.prior_epsilon)
-        entries.append(d)
+        entries.append(_channel_entry(spec, a))
+        entries[-1]["guarantee"] = a.guarantee.to_dict()   # what this variable's release guarantees, read alone
     return {
         "release": spec.release,
         "convention": "matrix[x][z] = P(released = z | true = x); keep-uniform: keep x w.p. keep[x], "
@@ -108,10 +92,32 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
         "epsilon_spent": sum(spent.values()),
         "epsilon_by_variable": spent,
         "composition": "sequential over variables, parallel over disjoint strata",
-        "not_differentially_private": [a.column for a in assignments if a.is_noise],
+        "not_differentially_private": [a.column for a in assignments if isinstance(a.guarantee, NotDP)],
         "unprotected": {"passthrough": list(spec.passthrough), "public_variables": public_variables(assignments)},
         "channels": entries,
     }
+
+
+def _channel_entry(spec: ReleaseSpec, a: Assignment) -> dict:
+    """One entry of channels.json (everything in it may be published)."""
+    if a.is_noise:
+        return noise_entry(spec, a)
+    if a.is_group:
+        v = next(x for x in spec.variables if x.key == a.column)
+        d = a.channel.to_dict()
+        d.update(variable=a.column, variables=list(a.channel.attributes), stratum="all", strata_columns=[],
+                 stratum_key=[], prior=a.prior, prior_epsilon=0.0, adjust=v.adjust,
+                 weight_column=v.weight_column if v.adjust else None,
+                 convention_group="each cluster is K-ary RR on the product of its attributes' categories "
+                                  "(cells in row-major order, first attribute most significant): keep the "
+                                  "true cell w.p. keep, else each other cell w.p. move_each")
+        return d
+    d = a.channel.to_dict()
+    d["details"] = {k: v for k, v in d.get("details", {}).items() if k not in VOLATILE_DETAILS}
+    d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
+             stratum_key=[None if x is None else str(x) for x in a.stratum],
+             prior=a.prior, prior_epsilon=a.prior_epsilon)
+    return d
 
 
 PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
@@ -349,13 +355,6 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
         a2.legend(fontsize=7)
         files.append(_save_plot(stage, fig, var))
     return files
-
-
-def h_gamma(p: float, gamma: float) -> float:
-    """Chai–Nayak: the largest posterior an intruder can reach from prior p under parity γ."""
-    if math.isinf(gamma):
-        return 1.0
-    return gamma * p / (1 + (gamma - 1) * p)
 
 
 def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame,

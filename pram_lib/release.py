@@ -7,7 +7,6 @@ what is computed from the released table may be published.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import lzma
 import math
 import re
@@ -16,24 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import norm
 import pandas as pd
+from scipy.stats import norm
 
+from pram_lib.audit import sha256_file
 from pram_lib.channel import Channel, encode
+from pram_lib.guarantee import LDP, Guarantee, Public, spent_by_key
 from pram_lib.spec import PriorDP, PriorFile, ReleaseSpec, SpecError, VariableSpec
 
 NO_STRATUM: tuple = ()
 
 
 # -- read ---------------------------------------------------------------------------------------
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def needed_columns(spec: ReleaseSpec) -> list[str]:
     cols = [c for v in spec.variables for c in v.names] + list(spec.passthrough)
     return list(dict.fromkeys(cols))
@@ -45,7 +38,7 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
     if not path.is_file():
         raise spec.error(("source", "path"), f"source file not found: {path}", spec.source.path,
                          "fix the path (relative paths are taken from the spec's folder)")
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     wanted = needed_columns(spec)
     categorical = {c for v in spec.variables if not v.is_noise for c in v.names}
     try:
@@ -71,7 +64,7 @@ def read_source(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
                     df[c] = df[c].astype(t)
     except (ValueError, TypeError) + UNREADABLE as exc:
         raise source_read_error(spec, exc, path) from None
-    if file_sha256(path) != digest:
+    if sha256_file(path) != digest:
         raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
                          "rerun once the file is complete (write sources under a temporary name and rename them "
                          "into place)")
@@ -369,6 +362,15 @@ class Assignment:
     public: bool = False             # spec marks the variable public: ε = ∞ accepted, not in the budget
 
     @property
+    def guarantee(self) -> Guarantee:
+        """What releasing this variable guarantees: the channel's, with a DP prior's ε0 composed onto it; none
+        when the spec declares the variable public."""
+        if self.public:
+            return Public()
+        g = self.channel.guarantee
+        return g.plus(self.prior_epsilon) if isinstance(g, LDP) else g
+
+    @property
     def is_noise(self) -> bool:
         return hasattr(self.channel, "theta")
 
@@ -594,17 +596,12 @@ def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
     Noise channels are not differential privacy and are left out (reported with their own measure);
     so are variables the spec marks public (no privacy claimed; listed as unprotected).
     """
-    spent: dict[str, float] = {}
-    for a in assignments:
-        if a.is_noise or a.public:
-            continue
-        spent[a.column] = max(spent.get(a.column, 0.0), a.channel.epsilon + a.prior_epsilon)
-    return spent
+    return spent_by_key((a.column, a.guarantee) for a in assignments)
 
 
 def public_variables(assignments: list[Assignment]) -> list[str]:
     """Variables the spec marks public (released through a channel but with no privacy claimed)."""
-    return list(dict.fromkeys(a.column for a in assignments if a.public))
+    return list(dict.fromkeys(a.column for a in assignments if isinstance(a.guarantee, Public)))
 
 
 def check_budget(spec: ReleaseSpec, assignments: list[Assignment]) -> None:

@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from pram_lib.audit import sha256_file
 from pram_lib.channel import encode
 from pram_lib.release import (MISSING, NO_STRATUM, UNREADABLE, Assignment, GroupProfile, NumericProfile, Profile,
                               VariableProfile, _check_columns, _numeric_column, csv_options, declared_categories,
@@ -91,10 +92,9 @@ def check_source(spec: ReleaseSpec) -> None:
 
 def check_unchanged(spec: ReleaseSpec, digest: str) -> None:
     """The source still has the SHA-256 it had before the first pass (else it changed while being read)."""
-    from pram_lib.release import file_sha256
 
     path = spec.resolve(spec.source.path)
-    if file_sha256(path) != digest:
+    if sha256_file(path) != digest:
         raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
                          "rerun once the file is complete (write sources under a temporary name and rename them "
                          "into place)")

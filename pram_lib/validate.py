@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pram_lib.jsonable import to_json
+
 __all__ = ["validate_table", "channel_consistency_test", "noise_consistency_test", "holm", "gate_message",
            "NUMERIC_TYPE_LIST"]
 
@@ -117,25 +119,6 @@ def _build_expectations(gxe, columns: dict, n_rows_expected: int, n_rows_actual:
     return exps
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    try:
-        if pd.isna(x):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return str(x)
-
-
 def _exception_message(info: Any) -> str | None:
     """GX reports an exception either flat ({raised_exception, exception_message}) or per metric id."""
     if not isinstance(info, dict):
@@ -156,8 +139,8 @@ def _row(result, present: set) -> dict:
     column = cfg.kwargs.get("column")
     check = meta.get("check", cfg.type)
     unexpected = res.get("unexpected_count")
-    sample = _jsonable(list(res.get("partial_unexpected_list") or [])[:_SAMPLE])
-    observed = _jsonable(res.get("observed_value"))
+    sample = to_json(list(res.get("partial_unexpected_list") or [])[:_SAMPLE])
+    observed = to_json(res.get("observed_value"))
     if column is not None and column not in present:
         detail = f"column {column!r} is not in the released table"
     elif exc_msg is not None:
@@ -166,7 +149,7 @@ def _row(result, present: set) -> dict:
         detail = f"{observed} rows, expected {cfg.kwargs.get('value')}"
     elif check == "columns":
         mism = (res.get("details") or {}).get("mismatched") or {}
-        missing, extra = _jsonable(mism.get("missing", [])), _jsonable(mism.get("unexpected", []))
+        missing, extra = to_json(mism.get("missing", [])), to_json(mism.get("unexpected", []))
         detail = f"missing columns {missing}, unexpected columns {extra}" if (missing or extra) \
             else f"columns {observed}"
         sample = extra or missing
@@ -254,7 +237,7 @@ def validate_table(released: pd.DataFrame, columns: dict, n_rows_expected: int,
             shutil.rmtree(docs_dir)
         result, suite = _run_with_docs(gx, pbc, released, exps, docs_dir)
 
-    stats = {k: _jsonable(v) for k, v in dict(result.statistics).items()}
+    stats = {k: to_json(v) for k, v in dict(result.statistics).items()}
     if stats.get("evaluated_expectations") != len(exps):
         # GX drops expectations it cannot load without failing the run; never let that pass silently.
         raise RuntimeError(f"GX evaluated {stats.get('evaluated_expectations')} expectations, "
@@ -263,8 +246,8 @@ def validate_table(released: pd.DataFrame, columns: dict, n_rows_expected: int,
            "rows": [_row(r, set(released.columns)) for r in result.results]}
     if out_dir is not None:
         (out_dir / "gx_results.json").write_text(
-            json.dumps(_jsonable(result.to_json_dict()), indent=2) + "\n")
-        (out_dir / "gx_suite.json").write_text(json.dumps(_jsonable(suite.to_json_dict()), indent=2) + "\n")
+            json.dumps(to_json(result.to_json_dict()), indent=2) + "\n")
+        (out_dir / "gx_suite.json").write_text(json.dumps(to_json(suite.to_json_dict()), indent=2) + "\n")
         index = docs_dir / "index.html"
         if not index.is_file():
             raise RuntimeError(f"GX Data Docs were not written: {index} is missing")

@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pram_lib import audit, journal, ledger, publish, release, stream
 from pram_lib.gate import run_gate
+from pram_lib.guarantee import NotDP
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, quiet_step_failures
 
@@ -169,7 +170,7 @@ def publish_chunked_task(spec, stage, plan, totals, estimates, distributions, va
                   "Great Expectations ran on a uniform sample of "
                   f"{0 if totals.sample is None else len(totals.sample):,} released rows; row count, missing "
                   "values, ranges and the channel tests are exact over every row"]
-    if any(a.is_noise for a in assignments):
+    if any(isinstance(a.guarantee, NotDP) for a in assignments):
         processing.append("continuous variables: deconvolved curves from the row sample; mean and variance "
                           "from every row")
     columns = list(totals.sample.columns) if totals.sample is not None else []
@@ -236,7 +237,7 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
                      "mutual_information": None if mi is None or mi != mi else round(mi, 6),
                      "estimated_tvd": None if a.is_group else round(tvd.get(col, float("nan")), 6)})
     for a in assignments:
-        if a.is_noise:
+        if isinstance(a.guarantee, NotDP):
             rows.append({"variable": a.column, "channel": f"two-sided gamma theta={a.channel.theta:.4g} "
                          f"eta={a.channel.eta:.4g}", "alpha": "not DP", "gamma": "not DP",
                          "mutual_information": None, "estimated_tvd": None})
@@ -408,7 +409,7 @@ def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
     if spec.engine.address:
         stream.check_dask_address(spec)
     stream.check_source(spec)
-    return release.file_sha256(spec.resolve(spec.source.path)), stream.plan_chunks(spec)
+    return audit.sha256_file(spec.resolve(spec.source.path)), stream.plan_chunks(spec)
 
 
 @step("profile-pass")

@@ -5,6 +5,7 @@ and the CLI's failures are one located message, never a traceback."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -438,3 +439,13 @@ def test_the_confidence_level_is_honoured_everywhere(prefect_server, tmp_path, e
     assert (num["level"] == 0.8).all()
     report = (folder / "report.md").read_text()
     assert "80% interval" in report and "95%" not in report
+
+
+def test_channels_json_states_each_guarantee(runs):
+    """Each entry says what its release guarantees; the DP ones add up to epsilon_spent."""
+    doc = json.loads((runs["memory"][0] / "channels.json").read_text())
+    kinds = {tuple(c.get("variables") or [c.get("variable")]): c["guarantee"] for c in doc["channels"]}
+    assert kinds[("score",)]["kind"] == "not-dp" and kinds[("score",)]["delta"] == 0.9
+    ldp = [c["guarantee"]["epsilon"] for c in doc["channels"] if c["guarantee"]["kind"] == "ldp"]
+    assert len(ldp) == 2 and sum(ldp) == pytest.approx(doc["epsilon_spent"])
+    assert sum(ldp) == pytest.approx(math.log(3.0) + 1.0)        # colour: gamma 3; size: alpha 1

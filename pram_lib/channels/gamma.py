@@ -55,6 +55,8 @@ from scipy import optimize, special
 from pram_lib import deconvolve as dc
 from pram_lib.channels.gamma_law import (TwoSidedGamma, _check, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
                                          log_density, moments, sample, smoothness_bounds)
+from pram_lib.guarantee import NotDP
+from pram_lib.jsonable import to_json
 
 __all__ = [
     "TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample", "moments",
@@ -1111,7 +1113,7 @@ class NoiseChannel:
             "objective": None if np.isnan(self.objective) else float(self.objective),
             "epsilon": "inf",
             "differential_privacy": False,
-            "details": _jsonable(self.details),
+            "details": to_json(self.details),
         }
 
     @classmethod
@@ -1122,23 +1124,16 @@ class NoiseChannel:
                    method=d["method"], objective=float("nan") if d.get("objective") is None else d["objective"],
                    details=d.get("details", {}))
 
+    @property
+    def guarantee(self) -> NotDP:
+        """Not differential privacy: the Ghatak–Sengupta–Roy level sup_z P(|X - Z| < Q·sd(X) | Z = z) ≤ δ."""
+        d = self.details
+        return NotDP("posterior mass of the window |X - Z| < Q·sd(X) (Ghatak, Sengupta & Roy)",
+                     {k: d[k] for k in ("Q", "delta") if k in d})
+
     def __repr__(self) -> str:
         return (f"NoiseChannel({'/'.join(self.variables) or '?'}: two-sided gamma theta={self.theta:.4g}, "
                 f"eta={self.eta:.4g}, sd={math.sqrt(self.variance):.4g}, method={self.method!r}, not DP)")
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, dict):
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_jsonable(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return [_jsonable(v) for v in o.tolist()]
-    if isinstance(o, np.generic):
-        o = o.item()
-    if isinstance(o, float) and not np.isfinite(o):
-        return None if np.isnan(o) else ("inf" if o > 0 else "-inf")
-    return o
 
 
 def fixed_gamma_noise(theta: float, eta: float, variables: Sequence[str] = ("x",)) -> NoiseChannel:

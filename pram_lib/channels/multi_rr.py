@@ -116,8 +116,10 @@ import pandas as pd
 from scipy.stats import chi2, norm
 
 from pram_lib.adjust import RakingResult, rake
-from pram_lib.channel import Channel, _jsonable
+from pram_lib.channel import Channel
 from pram_lib.estimate import estimate_distribution, project_to_simplex
+from pram_lib.guarantee import LDP
+from pram_lib.jsonable import to_json
 from pram_lib.perturb import sample_keep_uniform
 
 __all__ = [
@@ -545,6 +547,11 @@ class GroupChannel:
         return self.epsilon_release + float(self.epsilon_dependence)
 
     @property
+    def guarantee(self) -> LDP:
+        """ε-LDP per record for the group's attributes together (clusters and dependence compose sequentially)."""
+        return LDP(self.epsilon)
+
+    @property
     def gamma(self) -> float:
         return math.exp(self.epsilon) if self.epsilon < 709.0 else math.inf  # e^709.79 overflows float64
 
@@ -559,7 +566,7 @@ class GroupChannel:
             "family": "multi-rr",
             "method": self.method,
             "attributes": list(self.attributes),
-            "categories": [[_jsonable(x) for x in c] for c in self.categories],
+            "categories": [[to_json(x) for x in c] for c in self.categories],
             "clusters": clusters,
             "epsilon": self.epsilon,
             "gamma": self.gamma,

@@ -21,6 +21,7 @@ import numpy as np
 from scipy import optimize
 
 from pram_lib.channel import Channel
+from pram_lib.jsonable import to_json
 
 __all__ = [
     "parity", "output_parity", "min_gamma", "min_epsilon", "is_tpm", "is_private", "check_family",
@@ -89,12 +90,6 @@ def _mask(Q: Any, k: int) -> np.ndarray:
             raise ValueError(f"Q must hold category indices in 0..{k - 1}, got {list(q)}")
         mask[idx] = True
     return mask
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
 
 
 def _num(x: float) -> float | str:
@@ -790,7 +785,7 @@ def custom_channel(matrix: Any, categories: Sequence[Any], *, output_categories:
     details: dict[str, Any] = {
         "source": "user-supplied matrix M[x, z] = P(Z=z | X=x), used as given",
         "alpha": _num(eps), "epsilon": _num(eps), "gamma": _num(np.exp(eps)),
-        "worst_output": _jsonable(outs[worst]),
+        "worst_output": to_json(outs[worst]),
         "zero_entries": int(np.count_nonzero(a == 0)),
     }
     if np.isinf(eps):
@@ -800,7 +795,7 @@ def custom_channel(matrix: Any, categories: Sequence[Any], *, output_categories:
             "so seeing it rules that value out: no differential-privacy guarantee (epsilon = inf)")
     dead = np.flatnonzero(a.max(axis=0) == 0)
     if dead.size:
-        details["never_released"] = [_jsonable(outs[z]) for z in dead]
+        details["never_released"] = [to_json(outs[z]) for z in dead]
     return Channel(variables=(variable,), categories=cats, method="custom matrix", dense=a,
                    output_categories=outs, details=details)
 
@@ -977,7 +972,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
                            "guarantee because the matrix itself was chosen from the data."),
     }
     if absent.any():
-        details["empty_categories"] = [_jsonable(cats[i]) for i in np.flatnonzero(absent)]
+        details["empty_categories"] = [to_json(cats[i]) for i in np.flatnonzero(absent)]
         details["empty_mode"] = empty
     return Channel(variables=(variable,), categories=cats, method="invariant PRAM (Gouweleeuw/Kooiman)",
                    dense=R, certified=False, details=details)
