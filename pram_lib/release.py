@@ -380,15 +380,14 @@ class Assignment:
 
     @property
     def stratum_label(self) -> str:
-        if not self.strata_columns:
-            return "all"
-        return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(self.strata_columns, self.stratum))
+        return stratum_label(self.strata_columns, self.stratum)
 
 
-def _stratum_label(vp, key: tuple) -> str:
-    if not vp.strata_columns:
+def stratum_label(columns: tuple, key: tuple) -> str:
+    """'all' without strata, else 'sex=Female, region=<missing>'."""
+    if not columns:
         return "all"
-    return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(vp.strata_columns, key))
+    return ", ".join(f"{c}={'<missing>' if x is None else x}" for c, x in zip(columns, key))
 
 
 def check_strata(spec: ReleaseSpec, i: int, v, vp) -> None:
@@ -488,7 +487,7 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             counts = vp.counts[key]
             prior_label, prior_eps = "none (channel does not depend on the data)", 0.0
             if v.channel == "pram-optimal":
-                p, prior_label = _prior(spec, i, v, counts, cats, seed, j, _stratum_label(vp, key))
+                p, prior_label = _prior(spec, i, v, counts, cats, seed, j, stratum_label(vp.strata_columns, key))
                 prior_eps = v.prior_epsilon
                 ch = optimal_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats)
             elif v.channel == "rr-uniform":
@@ -498,7 +497,7 @@ def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assi
             elif v.channel != "pram-invariant":  # a family the spec accepts but no chooser knows: a bug of ours
                 raise NotImplementedError(f"no chooser for channel {v.channel!r} (variables[{i}])")
             else:
-                p, prior_label = _prior(spec, i, v, counts, cats, seed, j, _stratum_label(vp, key))
+                p, prior_label = _prior(spec, i, v, counts, cats, seed, j, stratum_label(vp.strata_columns, key))
                 prior_eps = v.prior_epsilon
                 if np.any(p <= 0):
                     empty = [c for c, x in zip(cats, p) if x <= 0]
