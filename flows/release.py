@@ -11,19 +11,18 @@ from prefect import flow, get_run_logger
 
 from pram_lib import stream
 from pram_lib.spec import check_streamable
-from tasks.privacy import Seed, StepFailed, fixed_seed
-from tasks.release_tasks import (audit_task, choose_channels_task, distributions_task, estimate_chunked_task,
-                                 estimate_task, finish_profile_task, finish_run_task, internal_report_task,
-                                 load_spec_task, map_fold, open_source_task, perturb_chunks_task, perturb_pass_task,
-                                 perturb_task, profile_chunks_task, profile_pass_task, profile_task,
-                                 publish_chunked_task, publish_task, read_source_task, reserve_budget_task,
-                                 seed_task, settle_budget_task, source_unchanged_task, stage_task, start_run_task,
-                                 validate_chunked_task, validate_task)
-from tasks.privacy import ValidationGateFailed  # noqa: F401  (re-exported: what a refused release raises)
+from tasks.privacy import Seed, StepFailed, ValidationGateFailed, fixed_seed  # noqa: F401 (the gate's refusal)
+from tasks.release_tasks import (choose_channels_task, distributions_task, estimate_chunked_task, estimate_task,
+                                 finish_profile_task, internal_report_task, load_spec_task, map_fold,
+                                 open_source_task, perturb_chunks_task, perturb_pass_task, perturb_task,
+                                 profile_chunks_task, profile_pass_task, profile_task, publish_chunked_task,
+                                 publish_task, read_source_task, reserve_budget_task, seed_task,
+                                 source_unchanged_task, stage_task, start_run_task, validate_chunked_task,
+                                 validate_task)
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
 
-ENGINES = ("memory", "stream", "dask")
 Engine = Literal["memory", "stream", "dask"]
+
 
 def run_name() -> str:
     """`<release>-<UTC time>`: the release name read from the spec file's `release:` line (no YAML parsing)."""

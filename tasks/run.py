@@ -94,7 +94,7 @@ class ReleaseRun:
         self._summary("released")
         return str(folder)
 
-    def fail(self, exc: BaseException) -> StepFailed:
+    def fail(self, exc: BaseException) -> BaseException:
         """Clean up after a failed step; returns the error to raise (public text, the whole error beside it)."""
         err = StepFailed.wrap(exc)
         original = getattr(err, "original", None) or exc
@@ -123,6 +123,8 @@ class ReleaseRun:
         self._summary("published, then failed" if self.folder is not None else
                       "refused" if kind in ("ValidationGateFailed", "SpecError", "LedgerRefused") else "failed",
                       err, audited)
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: cleaned up, and left to Prefect as they are
+            return exc
         out = StepFailed(err.public, err.detail, err.step, err.user_error, kind)
         out.original, out.folder, out.unrecorded = original, self.folder, list(self.unrecorded)
         return out
