@@ -125,7 +125,7 @@ def _perturb_run(plan, refs) -> float:
     from pram_lib import stream
 
     t = time.perf_counter()
-    stream.perturb_batch(plan, [(r.index, r) for r in refs])
+    stream.perturb_batch(plan, [(r, r) for r in refs])
     return time.perf_counter() - t
 
 
@@ -142,7 +142,7 @@ def parallel_ceiling(source: Path, work: Path, k: int = 4) -> tuple[float, float
     work.mkdir(parents=True, exist_ok=True)
     spec = load_spec(write_spec(work / "ceiling.yaml", source, work / "r", work / "p", rows=0, seed=1))
     refs = stream.plan_chunks(spec)[: 3 * k]
-    profile = stream.finish_profile(spec, stream.profile_batch(spec, [(r.index, r) for r in refs[:1]], 1))
+    profile = stream.finish_profile(spec, stream.profile_batch(spec, [(r, r) for r in refs[:1]], 1))
     plan = stream.make_plan(spec, profile, release.choose_channels(spec, profile, 1), 1, Path(tempfile.mkdtemp()))
     _perturb_run(plan, refs[:1])
     serial = _perturb_run(plan, refs[k:2 * k])

@@ -21,25 +21,21 @@ def _api_url(port: int) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pram_lib import release
+    from pram_lib import release, stream
     from pram_lib.audit import sha256_file
+    from pram_lib.families import family_of
     from pram_lib.guarantee import NotDP
     from pram_lib.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec)
         seed = secrets.randbits(128)
-        if spec.engine.mode == "memory":
-            source, digest = release.read_source(spec)
-            profile = release.profile_source(source, spec)
-        else:  # a source larger than memory: the profile pass in chunks, as the release would do it
-            from pram_lib import stream
-
-            if spec.engine.address:
-                stream.check_dask_address(spec)
-            stream.check_source(spec)
-            digest = sha256_file(spec.resolve(spec.source.path))
-            profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))
+        run = spec.on_engine(spec.engine.mode)   # the profile pass, as the release would do it
+        if run.engine.address:
+            stream.check_dask_address(run)
+        stream.check_source(run)
+        digest = sha256_file(run.resolve(run.source.path))
+        profile = stream.finish_profile(run, stream.profile_pass(run, seed))
         assignments = release.choose_channels(spec, profile, seed)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -50,20 +46,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"spec {spec.path} OK: release '{spec.release}', source {profile.n_rows:,} rows "
           f"(sha256 {digest[:12]}…), engine {spec.engine.mode}")
     print(f"{'variable':<18} {'stratum':<22} {'S':>5} {'epsilon':>8} {'gamma':>8} {'MI nats':>9}  method")
-    for a in assignments:
-        c = a.channel
-        if a.is_group:
-            cl = " | ".join("+".join(c.variables) for c in c.channels)
-            print(f"{a.column[:18]:<18} {'all':<22} {'group':>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} {'':>9}  "
-                  f"{c.method}: {cl} (dependence ε {c.epsilon_dependence:.3g})")
-            continue
-        if a.is_noise:
-            print(f"{a.column:<18} {'all':<22} {'cont':>5} {'not DP':>8} {'':>8} {'':>9}  two-sided gamma "
-                  f"theta={c.theta:.4g} eta={c.eta:.4g} (noise sd {math.sqrt(c.variance):.4g}), {c.method}")
-            continue
-        mi = "" if c.objective is None or math.isnan(c.objective) else f"{c.objective:.4g}"
-        print(f"{a.column:<18} {a.stratum_label[:22]:<22} {c.n_inputs:>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} "
-              f"{mi:>9}  {c.method}{'' if c.certified else ' [not certified]'}")
+    for v in spec.variables:
+        for a in assignments:
+            if a.column == v.key:
+                print(family_of(v).check_line(a))
     spent = sum(release.spent_by_variable(assignments).values())
     print(f"budget: epsilon {spent:.4g} of {spec.budget:g} per record ({spec.budget - spent:.4g} left)")
     noise = [a.column for a in assignments if isinstance(a.guarantee, NotDP)]

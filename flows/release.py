@@ -7,18 +7,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from pram_lib import stream
 from pram_lib.spec import check_streamable
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, fixed_seed  # noqa: F401 (the gate's refusal)
-from tasks.release_tasks import (choose_channels_task, distributions_task, estimate_chunked_task, estimate_task,
-                                 finish_profile_task, internal_report_task, load_spec_task, map_fold,
-                                 open_source_task, perturb_chunks_task, perturb_pass_task, perturb_task,
-                                 profile_chunks_task, profile_pass_task, profile_task, publish_chunked_task,
-                                 publish_task, read_source_task, reserve_budget_task, seed_task,
-                                 source_unchanged_task, stage_task, start_run_task, validate_chunked_task,
-                                 validate_task)
+from tasks.release_tasks import (choose_channels_task, estimate_task, finish_profile_task, internal_report_task,
+                                 load_spec_task, map_fold, open_source_task, perturb_chunks_task, perturb_pass_task,
+                                 profile_chunks_task, profile_pass_task, publish_task, reserve_budget_task, seed_task,
+                                 source_unchanged_task, stage_task, start_run_task, validate_task)
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
 
 Engine = Literal["memory", "stream", "dask"]
@@ -57,35 +54,15 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         run.engine = engine or spec.engine.mode
         check_streamable(spec, run.engine)             # an --engine override meets the spec's needs too
         run.tag()
-        steps = _in_memory if run.engine == "memory" else _in_chunks
-        run.published(steps(run, spec))
+        run.published(_release(run, spec.on_engine(run.engine)))
         return run.finish()
     except BaseException as exc:
         raise run.fail(exc) from None
 
 
-def _in_memory(run: ReleaseRun, spec) -> Path:
-    """The whole table in memory: read, profile, choose, perturb, estimate, validate, publish."""
-    source, source_sha = read_source_task(spec)
-    run.record.update(source_sha256=source_sha, rows=len(source))
-    profile = profile_task(source, spec)
-    seed = seed_task(spec, run.run_id, run.seed)
-    assignments = run.assignments = choose_channels_task(spec, profile, seed)
-    released = perturb_task(source, spec, profile, assignments, seed)
-    estimates = estimate_task(released, assignments, profile, spec)
-    distributions = distributions_task(released, assignments, spec)
-    stage = run.stage = stage_task(spec)
-    validation = run.validated(validate_task(spec, profile, assignments, released, stage))
-    folder = run.folder = publish_task(spec, stage, released, assignments, estimates, distributions, validation,
-                                       len(source), run.started_at)
-    run.settle()
-    internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
-                         folder.name)
-    return folder
-
-
-def _in_chunks(run: ReleaseRun, spec) -> Path:
-    """Two passes over chunks (profile, then perturb and write parts), on one core or mapped on Dask."""
+def _release(run: ReleaseRun, spec) -> Path:
+    """Two passes over the source's chunks (one chunk in memory; chunks on one core or mapped on Dask):
+    profile, choose, perturb and write, estimate, validate, publish."""
     seed = seed_task(spec, run.run_id, run.seed)
     stage = run.stage = stage_task(spec)
     source_sha, refs = open_source_task(spec)
@@ -97,18 +74,18 @@ def _in_chunks(run: ReleaseRun, spec) -> Path:
     source_unchanged_task(spec, source_sha)
     run.assignments = assignments
     run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
-    estimates, distributions = estimate_chunked_task(plan, totals)
-    validation = run.validated(validate_chunked_task(spec, profile, plan, totals, stage))
-    folder = run.folder = publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation,
-                                               run.started_at)
+    estimates, distributions = estimate_task(plan, totals)
+    validation = run.validated(validate_task(spec, profile, plan, totals, stage))
+    folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation,
+                                       run.started_at)
     run.settle()
-    internal_report_task(spec, assignments, profile, estimates, distributions, None, None, validation, folder.name)
+    internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation, folder.name)
     return folder
 
 
 def _chunk_passes(spec, seed: Seed, stage, refs, runner):
     """Pass 1 (profile), channel choice, pass 2 (perturb, write parts). With a Dask `runner`, runs of chunks
-    are tasks on its workers; a row's randomness is keyed by its chunk, so the result is the same."""
+    are tasks on its workers; a row's randomness is addressed by its row, so the result is the same."""
     if runner is not None:
         rows = sum(r.rows for r in refs) if refs else None
         sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: dict(spec=spec, chunks=chunks,
@@ -118,7 +95,7 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner):
         sketch = profile_pass_task(spec, seed, refs)
     profile = finish_profile_task(spec, sketch)
     assignments = choose_channels_task(spec, profile, seed)
-    plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), "dask" if runner else "stream")
+    plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), spec.engine.mode)
     if runner is not None:
         totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: dict(plan=plan, chunks=chunks), refs,
                           profile.n_rows, lambda a, b: stream.merge_results([a, b]), runner)

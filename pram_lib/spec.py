@@ -191,6 +191,14 @@ class VariableSpec(_Strict):
             raise ValueError(f"unknown channel; expected one of {', '.join(CHANNELS)}")
         return v
 
+    @field_validator("missing")
+    @classmethod
+    def _missing_is_for_categories(cls, v: str, info) -> str:
+        if v == "category" and info.data.get("channel") in NOISE_CHANNELS:
+            raise ValueError(f"{info.data['channel']} adds noise to numbers: a missing value cannot be one more "
+                             "category; drop `missing:` (missing values of a noised variable stay missing)")
+        return v
+
     @field_validator("alpha")
     @classmethod
     def _alpha_positive(cls, v: float | None) -> float | None:
@@ -307,6 +315,7 @@ class VariableSpec(_Strict):
                 raise ValueError(f"`{key}:` is for categorical channels, not {c}")
         if self.strata:
             raise ValueError(f"{c} does not support strata yet; drop `strata:`")
+
         if self.public:
             raise ValueError(f"{c} is not differential privacy and is reported as such already; drop `public:`")
         if "prior" in self.model_fields_set:
@@ -346,6 +355,9 @@ class VariableSpec(_Strict):
 class ValidationSpec(_Strict):
     level: float = Field(default=1e-3, gt=0, lt=0.5)   # family-wise error rate over all statistical checks (Holm)
     min_expected: float = Field(default=5.0, ge=0)     # records per category every stratum needs for the χ² check
+
+
+WHOLE_SOURCE = 1 << 62  # chunk_rows of engine mode memory: the source is one chunk
 
 
 class EngineSpec(_Strict):
@@ -404,6 +416,12 @@ class ReleaseSpec(_Strict):
     @property
     def sha256(self) -> str:
         return self._sha256
+
+    def on_engine(self, mode: str) -> "ReleaseSpec":
+        """This spec as run on engine `mode` (the spec's own or an --engine override): `memory` reads the whole
+        source as one chunk."""
+        update = {"mode": mode, **({"chunk_rows": WHOLE_SOURCE} if mode == "memory" else {})}
+        return self.model_copy(update={"engine": self.engine.model_copy(update=update)})
 
     def resolve(self, p: str) -> Path:
         """A path from the spec, relative to the spec file's folder."""

@@ -5,8 +5,10 @@ variable and a few column facts. Pass 2 (perturb) perturbs chunk by chunk, write
 chunk into the staging folder and returns counts and a bounded row sample. Peak memory is set by the
 chunk size and the sample size, not by the file.
 
-Randomness is a SeedSequence stream keyed by (variable, stratum, purpose, chunk index): a chunk's
-output does not depend on which process or Dask worker handles it, nor on the order chunks finish.
+Randomness is addressed by row of the source (pram_lib.randomness): a row's released value does not
+depend on the chunk it falls in, the process or Dask worker that handles it, or the order chunks finish;
+power sums are exact per block of rows. The same spec and seed publish the same table and estimates
+in one chunk or many.
 Every function here is plain Python (no Prefect): flows map :func:`profile_chunk` and
 :func:`perturb_chunk` over chunks and fold the results with :func:`merge_sketches` / :func:`merge_results`.
 """
@@ -14,8 +16,6 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 from __future__ import annotations
 
 import itertools
-import math
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -24,27 +24,30 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.audit import sha256_file
-from pram_lib.channel import encode
-from pram_lib.release import (MISSING, NO_STRATUM, UNREADABLE, Assignment, GroupProfile, NumericProfile, Profile,
-                              VariableProfile, _check_columns, _numeric_column, csv_options, declared_categories,
-                              missing_as_category, needed_columns, source_read_error, stream, to_release_scale)
+from pram_lib.families import family_of
+from pram_lib.families.base import exact
+from pram_lib.families.categorical import ESTIMATE_COLUMNS
+from pram_lib.families.noise import estimate_distributions
+from pram_lib.model import Assignment, Profile
+from pram_lib.randomness import uniforms
+from pram_lib.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
 from pram_lib.spec import ReleaseSpec
 
 PART = "part-{:05d}"
 DATA_DIR = "data"       # the release's Parquet parts: one table, read with pandas.read_parquet(folder / "data")
 CSV_DIR = "csv"         # CSV parts, when the spec asks for CSV
-SAMPLE_PURPOSE = 3      # stream key of the row sample (0: perturbation, 1: DP prior, 2: clustering)
-SKETCH_PURPOSE = 4      # stream key of the pass-1 sample of continuous variables
+SAMPLE_PURPOSE = 3      # randomness key of the row sample (0: perturbation, 1: DP prior, 2: clustering)
 
 
 # -- chunks of the source -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ChunkRef:
-    """One chunk: its number and, for Parquet, the row groups it reads."""
+    """One chunk: its number, its first row in the source and, for Parquet, the row groups it reads."""
 
     index: int
     row_groups: tuple[int, ...] = ()
     rows: int = 0
+    start: int = 0
 
 
 def plan_chunks(spec: ReleaseSpec) -> list[ChunkRef] | None:
@@ -55,15 +58,15 @@ def plan_chunks(spec: ReleaseSpec) -> list[ChunkRef] | None:
     import pyarrow.parquet as pq
 
     meta = pq.ParquetFile(spec.resolve(spec.source.path)).metadata
-    chunks, groups, rows = [], [], 0
+    chunks, groups, rows, start = [], [], 0, 0
     for g in range(meta.num_row_groups):
         groups.append(g)
         rows += meta.row_group(g).num_rows
         if rows >= spec.engine.chunk_rows:
-            chunks.append(ChunkRef(len(chunks), tuple(groups), rows))
-            groups, rows = [], 0
+            chunks.append(ChunkRef(len(chunks), tuple(groups), rows, start))
+            groups, rows, start = [], 0, start + rows
     if groups:
-        chunks.append(ChunkRef(len(chunks), tuple(groups), rows))
+        chunks.append(ChunkRef(len(chunks), tuple(groups), rows, start))
     return chunks
 
 
@@ -101,7 +104,7 @@ def check_unchanged(spec: ReleaseSpec, digest: str) -> None:
 
 
 def _categorical_columns(spec: ReleaseSpec) -> set[str]:
-    return {c for v in spec.variables if not v.is_noise for c in v.names}
+    return {c for v in spec.variables for c in family_of(v).text_columns(v)}
 
 
 def read_chunk(spec: ReleaseSpec, ref: ChunkRef) -> pd.DataFrame:
@@ -138,6 +141,7 @@ def iter_chunks(spec: ReleaseSpec) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
     dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
     try:
         reader = pd.read_csv(path, chunksize=spec.engine.chunk_rows, **csv_options(spec, dtypes))
+        start = 0
         for i in itertools.count():
             with warnings.catch_warnings():  # mixed types in a column the spec does not name: it is dropped
                 warnings.simplefilter("ignore", pd.errors.DtypeWarning)
@@ -145,7 +149,8 @@ def iter_chunks(spec: ReleaseSpec) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
             if df is None:
                 return
             chunk = clean_chunk(spec, df)
-            yield ChunkRef(i, rows=len(chunk)), chunk
+            yield ChunkRef(i, rows=len(chunk), start=start), chunk
+            start += len(chunk)
     except (ValueError, TypeError) + UNREADABLE as exc:
         raise source_read_error(spec, exc, path) from None
 
@@ -161,10 +166,7 @@ def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
         if c in df.columns and spec.source.format == "parquet":
             df[c] = df[c].astype(t)
     for i, v in enumerate(spec.variables):
-        if v.is_noise:
-            df[v.column] = _numeric_column(spec, i, v, df[v.column])
-        elif not v.is_group and v.missing == "category":
-            df[v.column] = missing_as_category(spec, i, df[v.column])
+        family_of(v).clean(spec, i, v, df)
     return df
 
 
@@ -182,102 +184,123 @@ def batches(refs: list[ChunkRef], parts: int) -> list[list[ChunkRef]]:
 
 # -- pass 1: profile ------------------------------------------------------------------------------
 @dataclass
-class NumericSketch:
-    """Count, missing and a bottom-k uniform sample (random keys) of a continuous variable, release scale."""
+class Sketch:
+    """What pass 1 keeps of one or more chunks (confidential: it describes the source)."""
 
-    n: int = 0
-    missing: int = 0
-    keys: np.ndarray = field(default_factory=lambda: np.empty(0))
-    values: np.ndarray = field(default_factory=lambda: np.empty(0))
+    rows: int = 0
+    parts: dict[str, object] = field(default_factory=dict)          # variable -> its family's profile part
+    passthrough: dict[str, dict] = field(default_factory=dict)
+    key_cells: "KeyCells | None" = None                              # the internal report's risk measures
+
+
+RISK_MAX_CELLS = 1_000_000  # key combinations kept for sample uniques / k-anonymity; beyond: not computed
 
 
 @dataclass
-class Sketch:
-    """What pass 1 keeps of one or more chunks (confidential: counts of the source)."""
+class KeyCells:
+    """Counts of the combinations of the key variables (for sample uniques and k-anonymity), or `overflow`
+    when there are more than RISK_MAX_CELLS of them."""
 
-    rows: int = 0
-    categorical: dict[str, Counter] = field(default_factory=dict)   # var -> {(stratum..., value): count}
-    groups: dict[str, list[Counter]] = field(default_factory=dict)  # group -> per attribute {value: count}
-    numeric: dict[str, NumericSketch] = field(default_factory=dict)
-    passthrough: dict[str, dict] = field(default_factory=dict)
+    keys: list[str]
+    table: pd.DataFrame | None     # the key columns + "n"
+    overflow: bool = False
+
+    @classmethod
+    def of(cls, df: pd.DataFrame, keys: list[str]) -> "KeyCells":
+        combined, labels = np.zeros(len(df), dtype=np.int64), []
+        for c in keys:
+            codes, uniques = pd.factorize(df[c].astype("object") if isinstance(df[c].dtype, pd.CategoricalDtype)
+                                          else df[c], use_na_sentinel=False)
+            combined = combined * len(uniques) + codes
+            labels.append(np.asarray(uniques, dtype=object))
+        cells, counts = np.unique(combined, return_counts=True)
+        sizes = [lab.size for lab in labels]
+        idx = np.unravel_index(cells, sizes) if keys else ()
+        table = pd.DataFrame({c: lab[i] for c, lab, i in zip(keys, labels, idx)})
+        table["n"] = counts
+        return cls(keys, table).capped()
+
+    def capped(self) -> "KeyCells":
+        if self.table is not None and len(self.table) > RISK_MAX_CELLS:
+            return KeyCells(self.keys, None, True)
+        return self
+
+    def __add__(self, other: "KeyCells") -> "KeyCells":
+        if self.overflow or other.overflow:
+            return KeyCells(self.keys, None, True)
+        both = pd.concat([self.table, other.table], ignore_index=True)
+        table = both.groupby(self.keys, dropna=False, sort=False)["n"].sum().reset_index()
+        return KeyCells(self.keys, table).capped()
+
+    def measures(self) -> dict:
+        if self.overflow:
+            return {"keys": self.keys, "sample_uniques": f"not computed (more than {RISK_MAX_CELLS:,} key "
+                    "combinations)", "k_anonymity": "—", "cells": f"> {RISK_MAX_CELLS:,}"}
+        n = self.table["n"].to_numpy()
+        return {"keys": self.keys, "sample_uniques": int((n == 1).sum()), "k_anonymity": int(n.min()),
+                "cells": int(n.size)}
 
 
-def _key(x) -> object:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA else x
+def risk_keys(spec: ReleaseSpec) -> list[str]:
+    """The key variables of the risk measures: the categorical ones and pass-through stratum columns."""
+    return [c for v in spec.variables for c in family_of(v).text_columns(v)] + [
+        c for c in spec.passthrough if any(c in v.strata for v in spec.variables)]
 
 
-def _counts(df: pd.DataFrame, columns: list[str]) -> Counter:
-    vc = df[columns].value_counts(dropna=False, sort=False)
-    out: Counter = Counter()
-    for k, n in vc.items():
-        if n:
-            out[tuple(_key(x) for x in (k if isinstance(k, tuple) else (k,)))] += int(n)
-    return out
+def risk_measures(cells: "KeyCells | None", spec: ReleaseSpec) -> dict:
+    """Sample uniques and k-anonymity of the key variables, from their folded combination counts."""
+    if cells is None:
+        return {"keys": risk_keys(spec), "sample_uniques": None, "k_anonymity": None}
+    return cells.measures()
 
 
-def _bottom_k(keys: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    if keys.size <= k:
-        return keys, values
-    idx = np.argpartition(keys, k - 1)[:k]
-    return keys[idx], values[idx]
+def _fold_cells(a: "KeyCells | None", b: "KeyCells | None") -> "KeyCells | None":
+    return b if a is None else a if b is None else a + b
 
 
-def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, chunk: int, seed: int) -> Sketch:
+def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int) -> Sketch:
     """Pass 1 on one chunk."""
     sk = Sketch(rows=len(df))
-    k = spec.engine.sample_rows
     for i, v in enumerate(spec.variables):
-        if v.is_group:
-            sk.groups[v.key] = [_counts(df, [c]) for c in v.columns]
-        elif v.is_noise:
-            x = to_release_scale(df[v.column].to_numpy(dtype=float), v.transform)
-            live = x[~np.isnan(x)]
-            keys = stream(seed, i, 0, SKETCH_PURPOSE, chunk).random(live.size)
-            keys, vals = _bottom_k(keys, live, k)
-            sk.numeric[v.column] = NumericSketch(len(x), int(x.size - live.size), keys, vals)
-        else:
-            sk.categorical[v.column] = _counts(df, [*v.strata, v.column])
+        sk.parts[v.key] = family_of(v).profile_chunk(spec, i, v, df, ref.start, seed)
     for c in spec.passthrough:
         s = df[c]
         info = {"dtypes": {str(s.dtype)}, "missing": int(s.isna().sum())}
         if pd.api.types.is_numeric_dtype(s) and s.notna().any():
             info.update(min=float(s.min()), max=float(s.max()))
         sk.passthrough[c] = info
+    keys = risk_keys(spec)
+    sk.key_cells = KeyCells.of(df, keys) if keys else None
     return sk
 
 
-def profile_batch(spec: ReleaseSpec, chunks: list[tuple[int, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
+def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
     """Pass 1 on a run of chunks, one after the other (what a worker does with its share)."""
     out = None
-    for index, chunk in chunks:
-        sk = profile_chunk(spec, load(spec, chunk), index, seed)
-        out = sk if out is None else merge_sketches(out, sk, spec.engine.sample_rows)
+    for ref, chunk in chunks:
+        sk = profile_chunk(spec, load(spec, chunk), ref, seed)
+        out = sk if out is None else merge_sketches(out, sk)
     return out
 
 
 def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
     """Pass 1 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
-    sketch = Sketch()
+    sketch = None
     for done, (ref, df) in enumerate(iter_chunks(spec), 1):
-        sketch = merge_sketches(sketch, profile_chunk(spec, df, ref.index, seed), spec.engine.sample_rows)
+        part = profile_chunk(spec, df, ref, seed)
+        sketch = part if sketch is None else merge_sketches(sketch, part)
         if on_chunk is not None:
             on_chunk(len(df), done)
-    return sketch
+    return sketch if sketch is not None else Sketch()
 
 
-def merge_sketches(a: Sketch, b: Sketch, sample_rows: int) -> Sketch:
-    """Fold two sketches (associative; the order of chunks does not change the result)."""
-    out = Sketch(rows=a.rows + b.rows)
-    for name in a.categorical.keys() | b.categorical.keys():
-        out.categorical[name] = a.categorical.get(name, Counter()) + b.categorical.get(name, Counter())
-    for name in a.groups.keys() | b.groups.keys():
-        xs, ys = a.groups.get(name), b.groups.get(name)
-        out.groups[name] = [x + y for x, y in zip(xs, ys)] if xs and ys else list(xs or ys)
-    for name in a.numeric.keys() | b.numeric.keys():
-        x, y = a.numeric.get(name, NumericSketch()), b.numeric.get(name, NumericSketch())
-        keys, vals = _bottom_k(np.concatenate([x.keys, y.keys]), np.concatenate([x.values, y.values]), sample_rows)
-        order = np.argsort(keys, kind="stable")
-        out.numeric[name] = NumericSketch(x.n + y.n, x.missing + y.missing, keys[order], vals[order])
+def merge_sketches(a: Sketch, b: Sketch, sample_rows: int | None = None) -> Sketch:
+    """Fold two sketches (associative; the order of chunks does not change the result). `sample_rows` is
+    ignored (a continuous variable's part carries its sample size)."""
+    out = Sketch(rows=a.rows + b.rows, key_cells=_fold_cells(a.key_cells, b.key_cells))
+    for name in a.parts.keys() | b.parts.keys():
+        x, y = a.parts.get(name), b.parts.get(name)
+        out.parts[name] = x if y is None else y if x is None else x + y
     for name in a.passthrough.keys() | b.passthrough.keys():
         x, y = a.passthrough.get(name), b.passthrough.get(name)
         if x is None or y is None:
@@ -291,10 +314,6 @@ def merge_sketches(a: Sketch, b: Sketch, sample_rows: int) -> Sketch:
     return out
 
 
-def _order(key: tuple) -> tuple:
-    return tuple((x is None, str(x)) for x in key)
-
-
 def passthrough_dtype(info: dict) -> str:
     """One dtype for a pass-through column whose chunks may have been read with different ones."""
     kinds = info["dtypes"]
@@ -306,74 +325,27 @@ def passthrough_dtype(info: dict) -> str:
 
 
 def finish_profile(spec: ReleaseSpec, sk: Sketch) -> Profile:
-    """The profile the channel choosers take, from the folded sketch (same errors as `profile_source`)."""
+    """The profile the channel choosers take, from the folded sketch."""
     if sk.rows == 0:
         raise spec.error(("source", "path"), "the source has no rows", spec.source.path, "point to a non-empty file")
-    variables, numeric, groups = {}, {}, {}
+    profile = Profile(sk.rows, {}, key_cells=sk.key_cells)
     for i, v in enumerate(spec.variables):
-        if v.is_group:
-            cats, missing = [], {}
-            for j, (c, counts) in enumerate(zip(v.columns, sk.groups[v.key])):
-                values = sorted(str(x[0]) for x in counts if x[0] is not None)
-                missing[c] = counts.get((None,), 0)
-                if not values:
-                    raise spec.error(("variables", i, "columns", j), "every value of this column is missing", c,
-                                     "check the column, or drop it from the group")
-                cats.append(values + ([MISSING] if missing[c] else []))
-            groups[v.key] = GroupProfile(v.key, tuple(v.columns), cats, None, missing)
-            continue
-        if v.is_noise:
-            ns = sk.numeric[v.column]
-            if ns.missing == ns.n:
-                raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
-                                 "check the column, or drop the variable from the spec")
-            numeric[v.column] = NumericProfile(v.column, ns.values, v.transform, ns.missing)
-            continue
-        counts = sk.categorical[v.column]
-        observed = {key[-1] for key in counts if key[-1] is not None}
-        if not observed:
-            raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
-                             "check the column, or drop the variable from the spec")
-        if v.categories is not None:
-            cats = declared_categories(v)
-            unknown = {str(x) for x in observed} - set(cats)
-            if unknown:
-                raise spec.error(("variables", i, "categories"), "the source has values outside the declared "
-                                 "categories", sorted(unknown)[:10], "add them to `categories:` or recode")
-            from_data = False
-        else:
-            cats = tuple(sorted(str(x) for x in observed))
-            from_data = True
-        if len(cats) < 2:
-            raise spec.error(("variables", i, "column"), f"needs at least 2 categories, found {len(cats)}", cats,
-                             "declare the domain with `categories:`")
-        strata = sorted({key[:-1] for key in counts}, key=_order) if v.strata else [NO_STRATUM]
-        pos = {c: j for j, c in enumerate(cats)}
-        table = {s: np.zeros(len(cats)) for s in strata}
-        missing = {s: 0 for s in strata}
-        for key, n in counts.items():
-            s = key[:-1] if v.strata else NO_STRATUM
-            if key[-1] is None:
-                missing[s] += n
-            else:
-                table[s][pos[str(key[-1])]] += n
-        variables[v.column] = VariableProfile(v.column, cats, from_data, tuple(v.strata), strata, None, table,
-                                              missing)
-    passthrough = {}
+        family = family_of(v)
+        getattr(profile, family.slot)[v.key] = family.finish_profile(spec, i, v, sk.parts[v.key])
     for c in spec.passthrough:
         info = sk.passthrough[c]
         dtype = passthrough_dtype(info)
         out = {"dtype": dtype, "missing": info["missing"]}
         if "min" in info and dtype != "str":
             out.update(kind="numeric", min=info["min"], max=info["max"])
-        passthrough[c] = out
-    return Profile(sk.rows, variables, passthrough, numeric, groups)
+        profile.passthrough[c] = out
+    return profile
 
 
 # -- pass 2: perturb --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Plan:
-    """What a worker needs to perturb a chunk: the channels and the category and stratum orders.
+    """What a worker needs to perturb a chunk: the channels, each family's plan of its variables.
 
     It carries the seed: ship it only to workers you trust with the source itself.
     """
@@ -382,172 +354,52 @@ class Plan:
     seed: int = field(repr=False)        # private: never printed, logged or handed to the orchestrator
     assignments: tuple[Assignment, ...]
     profile_rows: int
-    categories: dict[str, tuple]
-    strata: dict[str, dict[tuple, int]]
-    group_categories: dict[str, list[list[str]]]
+    variables: dict[str, object]   # variable -> its family's plan (category orders, strata, centring)
     passthrough_dtypes: dict[str, str]
     out_dir: str | None            # the staging folder; parts go to out_dir/data (and out_dir/csv)
     sample_p: float                # share of rows kept in the validation sample
-    shifts: dict[str, float]       # continuous columns: centre of the power sums (the pass-1 sample mean)
-    engine: str = "stream"
+    engine: str = "stream"         # memory: the source is one chunk, written as data.parquet
 
     def by_column(self, column: str) -> list[Assignment]:
         return [a for a in self.assignments if a.column == column]
 
+    def sample_rows(self, start: int, n: int) -> np.ndarray:
+        """Which of rows start .. start + n are in the row sample (a Bernoulli draw addressed by row)."""
+        return uniforms(self.seed, (0, 0, SAMPLE_PURPOSE), start, n) < self.sample_p
+
 
 def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
-              out_dir: Path | None, engine: str = "stream") -> Plan:
-    strata = {c: {key: j for j, key in enumerate(vp.strata)} for c, vp in profile.variables.items()}
+              out_dir: Path | None, engine: str = "stream", sample_all: bool = False) -> Plan:
+    """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory)."""
     return Plan(spec, seed, tuple(assignments), profile.n_rows,
-                {c: vp.categories for c, vp in profile.variables.items()}, strata,
-                {k: gp.categories for k, gp in profile.groups.items()},
+                {v.key: family_of(v).plan(v, profile) for v in spec.variables},
                 {c: info["dtype"] for c, info in profile.passthrough.items()},
                 None if out_dir is None else str(out_dir),
-                min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)),
-                {c: float(np.mean(npf.values)) if npf.values.size else 0.0 for c, npf in profile.numeric.items()},
-                engine)
-
-
-@dataclass
-class Moments:
-    """Shifted power sums of a continuous column (exact mean and variance with standard errors)."""
-
-    shift: float = 0.0
-    n: int = 0
-    s1: float = 0.0
-    s2: float = 0.0
-    s3: float = 0.0
-    s4: float = 0.0
-
-    @classmethod
-    def of(cls, z: np.ndarray, shift: float) -> "Moments":
-        d = z[~np.isnan(z)] - shift
-        d2 = d * d
-        return cls(shift, int(d.size), float(d.sum()), float(d2.sum()), float((d2 * d).sum()), float((d2 * d2).sum()))
-
-    def __add__(self, o: "Moments") -> "Moments":
-        return Moments(self.shift, self.n + o.n, self.s1 + o.s1, self.s2 + o.s2, self.s3 + o.s3, self.s4 + o.s4)
-
-    def central(self) -> tuple[float, float, float]:
-        """(mean, m2 unbiased, m4) of the column."""
-        n = self.n
-        m = self.s1 / n
-        m2 = (self.s2 - n * m * m) / (n - 1)
-        m4 = (self.s4 - 4 * m * self.s3 + 6 * m * m * self.s2 - 3 * n * m ** 4) / n
-        return self.shift + m, m2, m4
+                1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine)
 
 
 @dataclass
 class ChunkResult:
-    """What pass 2 returns of one or more chunks: counts, moments and a bounded row sample."""
+    """What pass 2 returns of one or more chunks: each variable's statistics and a bounded row sample."""
 
     chunks: list[int]
     rows: int
-    source_counts: dict[str, np.ndarray] = field(default_factory=dict)    # var -> (strata, k) source counts
-    released_counts: dict[str, np.ndarray] = field(default_factory=dict)  # var -> (strata, k_out)
-    cluster_counts: dict[str, list[list[np.ndarray]]] = field(default_factory=dict)  # group -> [[src, rel]...]
-    attribute_counts: dict[str, list[np.ndarray]] = field(default_factory=dict)      # group -> released per attr
-    pair_counts: dict[str, dict[tuple[int, int], np.ndarray]] = field(default_factory=dict)
-    moments: dict[str, Moments] = field(default_factory=dict)
-    missing: dict[str, int] = field(default_factory=dict)         # released column -> missing values
-    missing_changed: dict[str, int] = field(default_factory=dict)  # noise column -> rows whose missingness moved
-    extremes: dict[str, tuple[float, float]] = field(default_factory=dict)
-    sample: pd.DataFrame | None = None            # released rows (uniform sample, chunk order)
-    noise_pairs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # source, released
+    stats: dict[str, object] = field(default_factory=dict)   # variable -> its family's chunk statistics
+    missing: dict[str, int] = field(default_factory=dict)    # pass-through column -> missing values
+    sample: pd.DataFrame | None = None            # released rows (uniform sample, row order)
+    sample_at: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # their source rows
+    key_cells: KeyCells | None = None             # released key combinations (the risk measures)
     files: list[str] = field(default_factory=list)
 
 
-def _stratum_index(plan: Plan, v, df: pd.DataFrame) -> np.ndarray:
-    """Row -> global stratum number, by factorising each stratum column (codes of a categorical are free)."""
-    if not v.strata:
-        return np.zeros(len(df), dtype=np.int64)
-    combined = np.zeros(len(df), dtype=np.int64)
-    labels: list[list] = []
-    for c in v.strata:
-        codes, uniques = pd.factorize(df[c], use_na_sentinel=True)
-        values = [_key(u) for u in uniques] + [None]
-        combined = combined * len(values) + np.where(codes < 0, len(values) - 1, codes)
-        labels.append(values)
-    sizes = [len(x) for x in labels]
-    glob = plan.strata[v.column]
-    lut = np.full(int(np.prod(sizes)), -1, dtype=np.int64)
-    for cell in np.flatnonzero(np.bincount(combined, minlength=lut.size)):
-        key = tuple(labels[t][i] for t, i in enumerate(np.unravel_index(cell, sizes)))
-        if key not in glob:
-            raise plan.spec.error(("source", "path"), f"stratum {key} of {v.column!r} appeared after the profile "
-                                  "pass: the source changed while it was read", plan.spec.source.path,
-                                  "rerun once the file is complete")
-        lut[cell] = glob[key]
-    return lut[combined]
-
-
-def _group_codes(v, cats: list[list[str]], df: pd.DataFrame) -> np.ndarray:
-    out = []
-    for c, k in zip(v.columns, cats):
-        if MISSING in k:
-            x = encode(df[c], k[:-1], c)
-            out.append(np.where(x < 0, len(k) - 1, x))
-        else:
-            out.append(encode(df[c], k, c))
-    return np.column_stack(out).astype(np.int64)
-
-
-def perturb_chunk(plan: Plan, df: pd.DataFrame, chunk: int) -> ChunkResult:
-    """Pass 2 on one chunk: perturb, write the chunk's parts, return counts and the sampled rows."""
-    from pram_lib.channels.multi_rr import cell_codes, perturb_group
-
-    spec, seed = plan.spec, plan.seed
-    res = ChunkResult([chunk], len(df))
+def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef) -> ChunkResult:
+    """Pass 2 on one chunk: perturb, write the chunk's parts, return statistics and the sampled rows."""
+    spec = plan.spec
+    res = ChunkResult([ref.index], len(df))
     released: dict[str, object] = {}
-    sources: dict[str, np.ndarray] = {}  # continuous columns before noise: for the gate's sampled pairs
     for i, v in enumerate(spec.variables):
-        (a0, *_) = plan.by_column(v.key if v.is_group else v.column)
-        if v.is_group:
-            ch = a0.channel
-            src = _group_codes(v, plan.group_categories[v.key], df)
-            z = perturb_group(ch, src, stream(seed, i, 0, 0, chunk))
-            for j, (attr, cats) in enumerate(zip(ch.attributes, ch.categories)):
-                released[attr] = pd.Categorical.from_codes(z[:, j], categories=list(cats))
-                res.missing[attr] = 0
-            res.cluster_counts[v.key] = [[np.bincount(cell_codes(src, c, ch.sizes), minlength=k),
-                                          np.bincount(cell_codes(z, c, ch.sizes), minlength=k)]
-                                         for c, k in zip(ch.clusters, ch.cluster_sizes)]
-            res.attribute_counts[v.key] = [np.bincount(z[:, j], minlength=s) for j, s in enumerate(ch.sizes)]
-            res.pair_counts[v.key] = {(p, q): np.bincount(z[:, p] * ch.sizes[q] + z[:, q],
-                                                          minlength=ch.sizes[p] * ch.sizes[q])
-                                      for p in range(len(ch.sizes)) for q in range(p + 1, len(ch.sizes))
-                                      if ch.sizes[p] * ch.sizes[q] <= 1_000_000}
-            continue
-        if v.is_noise:
-            x = to_release_scale(df[v.column].to_numpy(dtype=float), v.transform)
-            z = a0.channel.perturb(x, stream(seed, i, 0, 0, chunk))
-            released[v.column] = z
-            res.missing[v.column] = int(np.isnan(z).sum())
-            res.missing_changed[v.column] = int((np.isnan(x) != np.isnan(z)).sum())
-            live = z[~np.isnan(z)]
-            res.extremes[v.column] = (float(live.min()), float(live.max())) if live.size else (math.inf, -math.inf)
-            res.moments[v.column] = Moments.of(z, plan.shifts[v.column])
-            sources[v.column] = x
-            continue
-        cats = plan.categories[v.column]
-        codes = encode(df[v.column], cats, v.column)
-        sidx = _stratum_index(plan, v, df)
-        chans = {plan.strata[v.column][a.stratum]: a.channel for a in plan.by_column(v.column)}
-        n_strata, k_out = len(plan.strata[v.column]), a0.channel.n_outputs
-        if n_strata == 1:  # the kernel's output is the released column: no fill, no copy
-            out = chans[0].perturb_codes(codes, stream(seed, i, 0, 0, chunk))
-        else:
-            out = np.full(codes.shape, -1, dtype=np.int64)
-            for j, ch in chans.items():
-                rows = np.flatnonzero(sidx == j)
-                out[rows] = ch.perturb_codes(codes[rows], stream(seed, i, j, 0, chunk))
-        live, rel = codes >= 0, out >= 0
-        res.source_counts[v.column] = np.bincount(sidx[live] * len(cats) + codes[live],
-                                                  minlength=n_strata * len(cats)).reshape(n_strata, len(cats))
-        res.released_counts[v.column] = np.bincount(sidx[rel] * k_out + out[rel],
-                                                    minlength=n_strata * k_out).reshape(n_strata, k_out)
-        res.missing[v.column] = int((~rel).sum())
-        released[v.column] = pd.Categorical.from_codes(out, categories=list(a0.channel.output_categories))
+        columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start)
+        released.update(columns)
     for c in spec.passthrough:
         s = df[c]
         want = plan.passthrough_dtypes[c]
@@ -557,203 +409,175 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, chunk: int) -> ChunkResult:
         res.missing[c] = int(s.isna().sum())
     frame = pd.DataFrame(released, index=pd.RangeIndex(len(df)))
     if plan.out_dir is not None:
-        res.files = write_part(frame, Path(plan.out_dir), chunk, spec.csv)
-    keep = stream(seed, 0, 0, SAMPLE_PURPOSE, chunk).random(len(df)) < plan.sample_p
+        res.files = write_part(frame, Path(plan.out_dir), None if plan.engine == "memory" else ref.index, spec.csv)
+    keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
-    for col, x in sources.items():
-        res.noise_pairs[col] = (x[keep], frame[col].to_numpy()[keep])
+    res.sample_at = ref.start + np.flatnonzero(keep)
+    keys = [c for c in risk_keys(spec) if c in frame.columns]
+    res.key_cells = KeyCells.of(frame, keys) if keys else None
     return res
 
 
-def perturb_batch(plan: Plan, chunks: list[tuple[int, "ChunkRef | pd.DataFrame"]]) -> ChunkResult:
+def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]]) -> ChunkResult:
     """Pass 2 on a run of chunks, one after the other (what a worker does with its share)."""
-    return merge_results([perturb_chunk(plan, load(plan.spec, chunk), index) for index, chunk in chunks])
+    return merge_results([perturb_chunk(plan, load(plan.spec, chunk), ref) for ref, chunk in chunks])
 
 
 def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
     """Pass 2 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
     totals = None
     for ref, df in iter_chunks(plan.spec):
-        part = perturb_chunk(plan, df, ref.index)
+        part = perturb_chunk(plan, df, ref)
         totals = part if totals is None else merge_results([totals, part])
         if on_chunk is not None:
             on_chunk(len(df), len(totals.chunks))
     return totals
 
 
-def write_part(frame: pd.DataFrame, out_dir: Path, chunk: int, csv: bool) -> list[str]:
-    """One chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv)."""
+def write_part(frame: pd.DataFrame, out_dir: Path, chunk: int | None, csv: bool) -> list[str]:
+    """One chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv); the whole table of an
+    in-memory release (`chunk` None): data.parquet (and data.csv)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (out_dir / DATA_DIR).mkdir(parents=True, exist_ok=True)
-    name = f"{DATA_DIR}/{PART.format(chunk)}.parquet"
+    name = "data.parquet" if chunk is None else f"{DATA_DIR}/{PART.format(chunk)}.parquet"
+    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
     files = [name]
     if csv:
-        (out_dir / CSV_DIR).mkdir(parents=True, exist_ok=True)
-        cname = f"{CSV_DIR}/{PART.format(chunk)}.csv"
+        cname = "data.csv" if chunk is None else f"{CSV_DIR}/{PART.format(chunk)}.csv"
+        (out_dir / cname).parent.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out_dir / cname, index=False)
         files.append(cname)
     return files
 
 
-def _add(a: dict, b: dict) -> dict:
-    return {k: a[k] + b[k] if k in a and k in b else a.get(k, b.get(k)) for k in a.keys() | b.keys()}
-
-
 def merge_results(parts: list[ChunkResult]) -> ChunkResult:
-    """Fold chunk results in chunk order (samples are concatenated in that order: deterministic)."""
+    """Fold chunk results (associative, in any grouping and order: the row sample is put in source-row order)."""
     parts = sorted(parts, key=lambda r: r.chunks[0])
     out = ChunkResult([c for p in parts for c in p.chunks], sum(p.rows for p in parts))
     for p in parts:
-        out.source_counts = _add(out.source_counts, p.source_counts)
-        out.released_counts = _add(out.released_counts, p.released_counts)
-        for g, cl in p.cluster_counts.items():
-            prev = out.cluster_counts.get(g)
-            out.cluster_counts[g] = cl if prev is None else [[a + c, b + d] for (a, b), (c, d) in zip(prev, cl)]
-        for g, ac in p.attribute_counts.items():
-            prev = out.attribute_counts.get(g)
-            out.attribute_counts[g] = ac if prev is None else [a + b for a, b in zip(prev, ac)]
-        for g, pc in p.pair_counts.items():
-            out.pair_counts[g] = _add(out.pair_counts.get(g, {}), pc)
-        out.moments = _add(out.moments, p.moments)
-        out.missing = _add(out.missing, p.missing)
-        out.missing_changed = _add(out.missing_changed, p.missing_changed)
-        for c, (lo, hi) in p.extremes.items():
-            plo, phi = out.extremes.get(c, (math.inf, -math.inf))
-            out.extremes[c] = (min(lo, plo), max(hi, phi))
-        for c, (x, z) in p.noise_pairs.items():
-            px, pz = out.noise_pairs.get(c, (np.empty(0), np.empty(0)))
-            out.noise_pairs[c] = (np.concatenate([px, x]), np.concatenate([pz, z]))
+        for name, st in p.stats.items():
+            out.stats[name] = st if name not in out.stats else out.stats[name] + st
+        for c, n in p.missing.items():
+            out.missing[c] = out.missing.get(c, 0) + n
         out.files += p.files
-    samples = [p.sample for p in parts if p.sample is not None]
-    out.sample = pd.concat(samples, ignore_index=True) if samples else None
+        out.key_cells = _fold_cells(out.key_cells, p.key_cells)
+    samples = [p for p in parts if p.sample is not None]
+    if samples:
+        at = np.concatenate([p.sample_at for p in samples])
+        order = np.argsort(at, kind="stable")
+        out.sample = pd.concat([p.sample for p in samples], ignore_index=True).iloc[order].reset_index(drop=True)
+        out.sample_at = at[order]
     return out
 
 
-# -- the folded results: estimates, tables, continuous summaries, gate ---------------------------------
-def estimate_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> pd.DataFrame:
-    """estimates.csv from the released counts (the same rows as `release.estimate_release`)."""
-    from pram_lib.release import ESTIMATE_COLUMNS, estimate_frame, group_marginals
+# -- the whole source as one chunk, without an orchestrator (tests, notebooks) ---------------------------
+def read_whole(spec: ReleaseSpec) -> pd.DataFrame:
+    """The source as the release reads it (checked, typed, missing values decoded), as one chunk."""
+    whole = spec.on_engine("memory")
+    check_source(whole)
+    return next(iter_chunks(whole))[1]
 
-    frames = []
-    for a in plan.assignments:
-        if a.is_noise:
-            continue
-        if a.is_group:
-            frames += group_marginals(None, a.channel, level, totals.attribute_counts[a.column])
-            continue
-        f = estimate_frame(a, totals.released_counts[a.column][plan.strata[a.column][a.stratum]], level)
-        if f is not None:
-            frames.append(f)
+
+def profile_source(spec: ReleaseSpec, seed: int) -> Profile:
+    """Pass 1 over the whole source as one chunk: the profile the channel choosers take."""
+    whole = spec.on_engine("memory")
+    check_source(whole)
+    return finish_profile(whole, profile_pass(whole, seed))
+
+
+def release_in_memory(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment],
+                      seed: int) -> tuple[pd.DataFrame, Plan, ChunkResult]:
+    """Pass 2 over the whole source as one chunk, nothing written: the released table, the plan and the
+    folded results (what estimates and the gate read)."""
+    plan = make_plan(spec.on_engine("memory"), profile, assignments, seed, None, "memory", sample_all=True)
+    totals = perturb_pass(plan)
+    return totals.sample, plan, totals
+
+
+# -- the folded results: estimates, tables, continuous summaries, gate ---------------------------------
+def _by_variable(plan: Plan):
+    for v in plan.spec.variables:
+        yield v, family_of(v), plan.by_column(v.key)
+
+
+def estimate_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> pd.DataFrame:
+    """estimates.csv: every variable's estimated distribution (per stratum) with intervals at `level`."""
+    frames = [f for v, family, alist in _by_variable(plan)
+              for f in family.estimates(plan, v, alist, totals.stats[v.key], level)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ESTIMATE_COLUMNS)
 
 
 def group_tables_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> pd.DataFrame:
-    """tables.csv: every 2-way table of each group, from the released pair counts."""
-    from pram_lib.channels.multi_rr import estimate_table
-
-    frames = []
-    for a in plan.assignments:
-        if not a.is_group:
-            continue
-        ch = a.channel
-        for (i, j), counts in sorted(totals.pair_counts[a.column].items()):
-            ai, aj = ch.attributes[i], ch.attributes[j]
-            try:
-                t = estimate_table(ch, None, ai, aj, level, counts=counts)
-            except ValueError:  # too many cells for the Kronecker inversion across clusters
-                t = estimate_table(ch, None, ai, aj, level, method="independence", counts=counts)
-            frames.append(pd.DataFrame({
-                "group": a.column, "variable_a": ai, "category_a": t[ai].astype(str).to_numpy(),
-                "variable_b": aj, "category_b": t[aj].astype(str).to_numpy(),
-                "estimate": t["estimate"].to_numpy(), "se": t["se"].to_numpy(), "lower": t["lower"].to_numpy(),
-                "upper": t["upper"].to_numpy(), "projected": t["projected"].to_numpy(),
-                "method": t.attrs.get("method", "unbiased")}))
+    """tables.csv: the estimated joint tables (every 2-way table of each group)."""
+    frames = [f for v, family, alist in _by_variable(plan)
+              for f in family.tables(plan, v, alist, totals.stats[v.key], level)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def continuous_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Deconvolved Ĝ, ĝ with bootstrap bands from the uniform row sample; mean and variance of X (with
     standard errors) from exact power sums over every released row."""
-    from scipy.stats import norm
-
-    from pram_lib.release import estimate_distributions
-
-    noise = [a for a in plan.assignments if a.is_noise]
-    if not noise or totals.sample is None:
+    curves, rows = [], []
+    for v, family, alist in _by_variable(plan):
+        out = family.continuous(plan, v, alist, totals.stats[v.key], totals.sample, level)
+        if out is not None:
+            curves.append(out[0])
+            rows.append(out[1])
+    if not curves:
         return estimate_distributions(pd.DataFrame(), [], plan.spec, level)
-    curves, summary = estimate_distributions(totals.sample, noise, plan.spec, level)
-    z975 = float(norm.ppf(0.5 + level / 2))
-    for k, a in enumerate(noise):
-        mean, m2, m4 = totals.moments[a.column].central()
-        n = totals.moments[a.column].n
-        se_mean, se_var = math.sqrt(m2 / n), math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
-        var_x = m2 - a.channel.variance
-        summary.loc[k, ["n", "mean", "mean_se", "mean_lower", "mean_upper", "var", "var_se", "sd"]] = [
-            n, mean, se_mean, mean - z975 * se_mean, mean + z975 * se_mean, var_x, se_var,
-            math.sqrt(var_x) if var_x > 0 else float("nan")]
-        summary.loc[k, "curve_sample_rows"] = int(np.sum(~np.isnan(totals.sample[a.column].to_numpy(dtype=float))))
-    return curves, summary
+    return pd.concat(curves, ignore_index=True), pd.DataFrame(rows)
 
 
-def _exact(check: str, passed: bool, message: str, variable: str | None = None) -> dict:
-    return {"check": check, "variable": variable, "stratum": "all", "passed": bool(passed), "message": message,
-            "method": "exact, over every row"}
+def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]) -> dict:
+    """What the released table must look like, from the spec and the channels."""
+    cols: dict[str, dict] = {}
+    for v in spec.variables:
+        cols.update(family_of(v).declared_columns(spec, v, profile, [a for a in assignments if a.column == v.key]))
+    for c, info in profile.passthrough.items():
+        if info.get("kind") == "numeric":
+            cols[c] = {"kind": "numeric", "min": info["min"], "max": info["max"], "max_missing": info["missing"]}
+        else:
+            cols[c] = {"kind": "passthrough", "max_missing": info["missing"]}
+            if info["dtype"] == "str":
+                cols[c]["dtype"] = "str"
+    return cols
 
 
 def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
                     out_dir: Path | None) -> dict:
-    """The gate of a chunked release: GX on the uniform row sample; exact checks (rows, missing values,
-    ranges, source unchanged between the passes) and the channel tests on counts over every row, with
+    """The gate: GX on the uniform row sample (every row when small); exact checks (rows, missing values,
+    ranges, source unchanged between the passes) and each family's tests on counts over every row, with
     Holm's step-down procedure over the tests (``validation.level`` is the release's family-wise error rate)."""
-    from pram_lib.gate import declared_columns
-    from pram_lib.validate import (channel_consistency_test, gate_message, holm, noise_consistency_test,
-                                   validate_table)
+    from pram_lib.validate import gate_message, holm, validate_table
 
-    assignments = list(plan.assignments)
-    declared = declared_columns(spec, profile, assignments)
+    declared = declared_columns(spec, profile, list(plan.assignments))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
     gx = validate_table(sample, declared, len(sample), out_dir)
-    gx["scope"] = f"uniform sample of {len(sample):,} of {totals.rows:,} released rows"
-    checks = [_exact("row count", totals.rows == profile.n_rows,
-                     f"{totals.rows:,} rows released, {profile.n_rows:,} in the source")]
+    gx["scope"] = (f"every one of the {totals.rows:,} released rows" if len(sample) == totals.rows else
+                   f"uniform sample of {len(sample):,} of {totals.rows:,} released rows")
+    checks = [exact("row count", totals.rows == profile.n_rows,
+                    f"{totals.rows:,} rows released, {profile.n_rows:,} in the source")]
+    missing, extremes = dict(totals.missing), {}
+    for st in totals.stats.values():
+        missing.update(st.missing)
+        extremes.update(st.extremes)
     for col, d in declared.items():
-        miss = totals.missing.get(col)
+        miss = missing.get(col)
         if miss is not None and miss > d["max_missing"]:
-            checks.append(_exact("missing values", False, f"{col}: {miss} missing, at most {d['max_missing']}", col))
-        if col in totals.extremes:
-            lo, hi = totals.extremes[col]
+            checks.append(exact("missing values", False, f"{col}: {miss} missing, at most {d['max_missing']}", col))
+        if col in extremes:
+            lo, hi = extremes[col]
             ok = d["min"] <= lo and hi <= d["max"]
-            checks.append(_exact("range", ok, f"{col}: released range [{lo:.6g}, {hi:.6g}] within "
-                                 f"[{d['min']:.6g}, {d['max']:.6g}]" + ("" if ok else ": NO"), col))
+            checks.append(exact("range", ok, f"{col}: released range [{lo:.6g}, {hi:.6g}] within "
+                                f"[{d['min']:.6g}, {d['max']:.6g}]" + ("" if ok else ": NO"), col))
     stats = []
-    for a in assignments:
-        if a.is_group:
-            for c, (src, rel), channel in zip(a.channel.clusters, totals.cluster_counts[a.column], a.channel.channels):
-                res = channel_consistency_test(src.astype(float), rel.astype(float), channel, level=spec.validation.level)
-                res.update(variable=a.column, stratum="cluster " + "+".join(a.channel.attributes[j] for j in c))
-                stats.append(res)
-            continue
-        if a.is_noise:
-            moved = totals.missing_changed.get(a.column, 0)
-            if moved:
-                checks.append(_exact("missing values kept", False, f"{a.column}: {moved} rows changed missingness",
-                                     a.column))
-            x, z = totals.noise_pairs.get(a.column, (np.empty(0), np.empty(0)))
-            res = noise_consistency_test(x, z, a.channel, level=spec.validation.level)
-            res.update(variable=a.column, stratum=a.stratum_label, scope="row sample")
-            stats.append(res)
-            continue
-        vp, j = profile.variables[a.column], plan.strata[a.column][a.stratum]
-        if not np.array_equal(totals.source_counts[a.column][j], vp.counts[a.stratum]):
-            checks.append(_exact("source unchanged", False, f"{a.column} [{a.stratum_label}]: the source counts "
-                                 "differ between the profile and perturb passes (the file changed)", a.column))
-        res = channel_consistency_test(np.asarray(vp.counts[a.stratum]), totals.released_counts[a.column][j]
-                                       .astype(float), a.channel, level=spec.validation.level)
-        res.update(variable=a.column, stratum=a.stratum_label)
-        stats.append(res)
+    for v, family, alist in _by_variable(plan):
+        tests, exact_checks = family.gate_tests(spec, v, profile, plan, alist, totals.stats[v.key],
+                                                spec.validation.level)
+        stats += tests
+        checks += exact_checks
     holm(stats, spec.validation.level)
     stats += checks
     passed = bool(gx["success"]) and all(s["passed"] for s in stats)

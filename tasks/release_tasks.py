@@ -10,19 +10,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import re
 import math
+import re
 import os
 import secrets
 from pathlib import Path
 
-import pandas as pd
 from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from pram_lib import audit, journal, ledger, publish, release, stream
-from pram_lib.gate import run_gate
+from pram_lib.families import family_of
 from pram_lib.guarantee import NotDP
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, quiet_step_failures
@@ -80,18 +79,6 @@ def load_spec_task(spec_path: str) -> ReleaseSpec:
     return load_spec(spec_path)
 
 
-@step("read-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient)
-def read_source_task(spec: ReleaseSpec) -> tuple[pd.DataFrame, str]:
-    df, digest = release.read_source(spec)
-    get_run_logger().info("read %d rows x %d columns", len(df), df.shape[1])
-    return df, digest
-
-
-@step("profile")
-def profile_task(df: pd.DataFrame, spec: ReleaseSpec) -> release.Profile:
-    return release.profile_source(df, spec)
-
-
 @step("draw-seed")
 def seed_task(spec: ReleaseSpec, run_id: str, seed: Seed | None) -> Seed:
     """OS entropy unless the spec or caller fixes it; stored only in the private store (mode 0600).
@@ -114,24 +101,6 @@ def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed
     return out
 
 
-@step("perturb")
-def perturb_task(df, spec, profile, assignments, seed: Seed) -> pd.DataFrame:
-    return release.perturb_frame(df, spec, profile, assignments, seed.value)
-
-
-@step("estimate")
-def estimate_task(released, assignments, profile, spec: ReleaseSpec) -> pd.DataFrame:
-    level = spec.confidence
-    return publish.with_totals(release.estimate_release(released, assignments, profile, level), level)
-
-
-@step("deconvolve")
-def distributions_task(released, assignments, spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Continuous variables: Ĝ, ĝ with bootstrap bands and moments; groups: 2-way tables. Release only."""
-    curves, summary = release.estimate_distributions(released, assignments, spec, spec.confidence)
-    return curves, summary, release.estimate_group_tables(released, assignments, spec, spec.confidence)
-
-
 @step("stage-release")
 def stage_task(spec: ReleaseSpec) -> publish.Stage:
     j = _JOURNALS.get(_flow_run_id())
@@ -140,36 +109,18 @@ def stage_task(spec: ReleaseSpec) -> publish.Stage:
     return stage
 
 
-@step("validate")
-def validate_task(spec, profile, assignments, released, stage: publish.Stage) -> dict:
-    out = stage.tmp / "validation"
-    out.mkdir(exist_ok=True)
-    result = run_gate(spec, profile, assignments, released, out)
-    create_table_artifact(key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
-                          description="Great Expectations results for the released table")
-    return _gate(result)
-
-
 @step("publish")
-def publish_task(spec, stage, released, assignments, estimates, distributions, validation, n_rows, started) -> Path:
-    publish.write_data(stage, released, spec.csv)
-    report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
-                                                  n_rows, list(released.columns), started, released)
-    folder = publish.finish_release(stage)
-    _publish_artifacts(spec, assignments, report, overall, folder)
-    return folder
-
-
-@step("publish")
-def publish_chunked_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
-    """The data parts are already in the staging folder (written chunk by chunk)."""
+def publish_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
+    """The data are already in the staging folder (written chunk by chunk)."""
     assignments = list(plan.assignments)
+    sampled = 0 if totals.sample is None else len(totals.sample)
     processing = [f"processed in {len(totals.chunks)} chunks of at most {spec.engine.chunk_rows:,} rows "
                   f"(engine `{plan.engine}`); data in `{stream.DATA_DIR}/part-*.parquet` (one table: "
-                  f"`pandas.read_parquet(folder / '{stream.DATA_DIR}')`)",
-                  "Great Expectations ran on a uniform sample of "
-                  f"{0 if totals.sample is None else len(totals.sample):,} released rows; row count, missing "
-                  "values, ranges and the channel tests are exact over every row"]
+                  f"`pandas.read_parquet(folder / '{stream.DATA_DIR}')`)" if plan.engine != "memory" else
+                  "processed in memory as one chunk (engine `memory`); data in `data.parquet`",
+                  ("Great Expectations ran on every released row" if sampled == totals.rows else
+                   f"Great Expectations ran on a uniform sample of {sampled:,} released rows") +
+                  "; row count, missing values, ranges and the channel tests are exact over every row"]
     if any(isinstance(a.guarantee, NotDP) for a in assignments):
         processing.append("continuous variables: deconvolved curves from the row sample; mean and variance "
                           "from every row")
@@ -226,31 +177,31 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
     create_markdown_artifact(key=f"{key}-report", markdown=ui_markdown(report, folder),
                              description=f"Release report: {folder.name}")
     tvd = release.expected_tvd(overall)
+    spent = release.spent_by_variable(assignments)
     rows = []
-    for col, eps in release.spent_by_variable(assignments).items():
-        a = next(x for x in assignments if x.column == col)
-        v = next(x for x in spec.variables if x.key == col)
-        mi = getattr(a.channel, "objective", None)
-        rows.append({"variable": col, "channel": v.channel if not a.is_group else
-                     f"{v.channel}: {len(a.channel.clusters)} clusters",
-                     "alpha": round(eps, 6), "gamma": round(math.exp(eps), 6),
+    for v in spec.variables:
+        alist = [a for a in assignments if a.column == v.key]
+        if v.key not in spent and not isinstance(alist[0].guarantee, NotDP):
+            continue   # public: listed in the report as unprotected
+        mi = getattr(alist[0].channel, "objective", None)
+        eps = spent.get(v.key)
+        rows.append({"variable": v.key, "channel": family_of(v).describe(v, alist),
+                     "alpha": "not DP" if eps is None else round(eps, 6),
+                     "gamma": "not DP" if eps is None else round(math.exp(eps), 6),
                      "mutual_information": None if mi is None or mi != mi else round(mi, 6),
-                     "estimated_tvd": None if a.is_group else round(tvd.get(col, float("nan")), 6)})
-    for a in assignments:
-        if isinstance(a.guarantee, NotDP):
-            rows.append({"variable": a.column, "channel": f"two-sided gamma theta={a.channel.theta:.4g} "
-                         f"eta={a.channel.eta:.4g}", "alpha": "not DP", "gamma": "not DP",
-                         "mutual_information": None, "estimated_tvd": None})
+                     "estimated_tvd": round(tvd[v.key], 6) if v.key in tvd else None})
     create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
     create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
 
 
 @step("internal-report")
-def internal_report_task(spec, assignments, profile, estimates, distributions, source, released, validation,
+def internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation,
                          folder_name) -> Path:
     overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
-    text, data = publish.internal_report(spec, assignments, profile, overall, source, released, validation,
-                                         *distributions)
+    risk = {"before": stream.risk_measures(profile.key_cells, spec),
+            "after": stream.risk_measures(totals.key_cells, spec)}
+    text, data = publish.internal_report(spec, assignments, profile, overall, risk, validation, *distributions,
+                                         stats=totals.stats)
     out = spec.resolve(spec.private_store) / "internal" / folder_name
     out.mkdir(parents=True, exist_ok=True)
     (out / "internal_report.md").write_text(text)
@@ -462,9 +413,9 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     progress = Progress(spec, step, total_rows)
     workers = max(spec.engine.workers, 1)
     if refs is not None:
-        work = ([(r.index, r) for r in run] for run in stream.batches(refs, 4 * workers))
+        work = ([(r, r) for r in run] for run in stream.batches(refs, 4 * workers))
     else:
-        work = ([(ref.index, df)] for ref, df in stream.iter_chunks(spec))
+        work = ([(ref, df)] for ref, df in stream.iter_chunks(spec))
     pending, acc, done, size = [], None, 0, {}
 
     def take(fut):
@@ -493,7 +444,7 @@ def source_unchanged_task(spec: ReleaseSpec, digest: str) -> None:
 
 
 @step("estimate")
-def estimate_chunked_task(plan: stream.Plan, totals: stream.ChunkResult):
+def estimate_task(plan: stream.Plan, totals: stream.ChunkResult):
     """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
     level = plan.spec.confidence
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
@@ -502,7 +453,7 @@ def estimate_chunked_task(plan: stream.Plan, totals: stream.ChunkResult):
 
 
 @step("validate")
-def validate_chunked_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
+def validate_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
     out = stage.tmp / "validation"
     out.mkdir(exist_ok=True)
     result = stream.run_gate_totals(spec, profile, plan, totals, out)

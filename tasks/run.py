@@ -16,7 +16,7 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from pram_lib import __version__, publish, release
+from pram_lib import __version__, audit, publish, release
 from pram_lib.audit import utc_now
 from tasks.privacy import StepFailed, current_fixed_seed
 from tasks.release_tasks import audit_task, finish_run_task, hand_over_journal, release_key, settle_budget_task
@@ -85,7 +85,7 @@ class ReleaseRun:
     def finish(self) -> str:
         folder = self.folder
         self.record.update(engine=self.engine)
-        manifest_sha = publish.sha256_of(folder / "manifest.json")
+        manifest_sha = audit.sha256_file(folder / "manifest.json")
         audit_task(self.spec_path, "release-published", {**self.record, "folder": folder.name,
                                                          "manifest_sha256": manifest_sha, "finished": utc_now()})
         finish_run_task()
@@ -105,7 +105,7 @@ class ReleaseRun:
                 self.folder = self.stage.final
         if self.folder is not None:  # published whole, then a later step failed: the audit still vouches for it
             self.record.update(folder=self.folder.name,
-                               manifest_sha256=publish.sha256_of(self.folder / "manifest.json"))
+                               manifest_sha256=audit.sha256_file(self.folder / "manifest.json"))
         if self.assignments is not None:
             self.record.setdefault("channels", self._channel_summary())
         if kind == "ValidationGateFailed":

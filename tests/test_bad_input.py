@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import synth
-from pram_lib import release
+from pram_lib import release, stream
 from pram_lib.ledger import reserve_for
 from pram_lib.spec import SpecError, load_spec
 
@@ -242,10 +242,9 @@ def run_until_publication(path: Path) -> None:
     """What the flow does before anything is staged: load, ledger, read, profile, choose, perturb."""
     spec = load_spec(path)
     reserve_for(spec, "catalogue")
-    df, _ = release.read_source(spec)
-    profile = release.profile_source(df, spec)
+    profile = stream.profile_source(spec, 12345)
     assignments = release.choose_channels(spec, profile, 12345)
-    release.perturb_frame(df, spec, profile, assignments, 12345)
+    stream.release_in_memory(spec, profile, assignments, 12345)
 
 
 def check_error(err: SpecError, path: Path, field: str, words: str) -> list[str]:

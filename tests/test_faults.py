@@ -32,37 +32,34 @@ STEPS = [
     ("load-spec", "tasks.release_tasks:load_spec", "before", ("kill", "raise")),
     ("start-run", "pram_lib.journal:recover", "before", ("kill",)),
     ("reserve-budget", "pram_lib.ledger:reserve_for", "before", ("kill", "raise")),
-    ("read-source", "pram_lib.release:read_source", "before", ("kill",)),
-    ("profile", "pram_lib.release:profile_source", "before", ("kill",)),
     ("draw-seed", "secrets:randbits", "before", ("kill",)),
-    ("choose-channels", "pram_lib.release:choose_channels", "before", ("kill",)),
-    ("perturb", "pram_lib.release:perturb_frame", "before", ("kill",)),
-    ("estimate", "pram_lib.release:estimate_release", "before", ("kill",)),
-    ("deconvolve", "pram_lib.release:estimate_distributions", "before", ("kill",)),
     ("stage-release", "pram_lib.publish:begin_release", "after", ("kill", "raise")),   # staging folder exists
-    ("validate", "tasks.release_tasks:run_gate", "before", ("kill",)),
-    ("publish", "pram_lib.publish:write_data", "after", ("kill", "raise")),           # staging half written
+    ("open-source", "pram_lib.stream:check_source", "before", ("kill",)),
+    ("profile-pass", "pram_lib.stream:profile_chunk", "before", ("kill",)),
+    ("finish-profile", "pram_lib.stream:finish_profile", "before", ("kill",)),
+    ("choose-channels", "pram_lib.release:choose_channels", "before", ("kill",)),
+    ("perturb-pass", "pram_lib.stream:perturb_chunk", "after", ("kill", "raise")),     # data.parquet staged
+    ("source-unchanged", "pram_lib.stream:check_unchanged", "before", ("kill",)),
+    ("estimate", "pram_lib.stream:estimate_totals", "before", ("kill",)),
+    ("validate", "pram_lib.stream:run_gate_totals", "before", ("kill",)),
+    ("publish", "pram_lib.publish:write_release_files", "after", ("kill", "raise")),  # staging half written
     ("publish", "pram_lib.publish:finish_release", "before", ("kill",)),
     ("publish", "pram_lib.publish:finish_release", "after", ("kill", "raise")),       # renamed: published
     ("publish", "pram_lib.ledger:settle_for", "before", ("kill",)),                   # ledger after publication
     ("internal-report", "pram_lib.publish:internal_report", "before", ("kill", "raise")),
     ("internal-report", "pram_lib.audit:AuditLog.append", "before", ("kill", "raise")),  # the audit entry itself
-    # chunked release (engine stream): the steps of the two passes; a part written, then the kill
-    ("open-source", "pram_lib.stream:check_source", "before", ("kill",), "stream"),
+    # many chunks (engine stream): a part written, then the kill; a kill between chunks of the first pass
     ("profile-pass", "pram_lib.stream:profile_chunk", "before", ("kill",), "stream"),
-    ("finish-profile", "pram_lib.stream:finish_profile", "before", ("kill",), "stream"),
     ("perturb-pass", "pram_lib.stream:perturb_chunk", "after", ("kill", "raise"), "stream"),
-    ("source-unchanged", "pram_lib.stream:check_unchanged", "before", ("kill",), "stream"),
-    ("publish", "pram_lib.publish:write_release_files", "after", ("kill",), "stream"),  # parts + files staged
-]  # the later chunked steps (estimate, validate, publish's rename) take the same paths as in memory
+]  # memory is one chunk of the same engine: the steps are the same in every engine mode
 # Tasks mapped over chunks on Dask workers: a fault there is a worker's, not the run's (Dask reruns a chunk
 # whose worker died); a failing chunk is tested in test_scale_flow (a bad value in one chunk).
 WORKER_TASKS = {"profile-chunks", "perturb-chunks"}
 PUBLISHED_BEFORE_FAULT = {"pram_lib.publish:finish_release/after", "pram_lib.ledger:settle_for/before",
                           "pram_lib.publish:internal_report/before", "pram_lib.audit:AuditLog.append/before"}
 DISK_FULL = [  # (name, case fields)
-    ("data.parquet half written", dict(kind="enospc-partial", target="pandas:DataFrame.to_parquet", path_arg=1,
-                                       match="data.parquet")),
+    ("data.parquet half written", dict(kind="enospc-partial", target="pyarrow.parquet:write_table", path_arg=1,
+                                       match="data.parquet", step="perturb-pass")),
     ("manifest.json half written", dict(kind="enospc-partial", target="pathlib:Path.write_text", path_arg=0,
                                         match="manifest.json")),
     ("every fsync fails from publish on (audit too)", dict(kind="enospc", target="os:fsync")),
@@ -88,8 +85,8 @@ def _cases(base: Path) -> list[dict]:
                 add(f"{kind} {target} ({when}){' ' + engine[0] if engine else ''}", kind=kind, target=target,
                     when=when, step=step, **extra)
     for name, fields in DISK_FULL:
-        add(f"disk full: {name}", step="publish", **fields)
-    add("source changes while read", kind="source-change", target="pandas:read_csv", step="read-source")
+        add(f"disk full: {name}", **{"step": "publish", **fields})
+    add("source changes while read", kind="source-change", target="pandas:read_csv", step="source-unchanged")
     return cases
 
 

@@ -223,15 +223,16 @@ def test_report_and_private_store(demo_release):
 
 def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path, monkeypatch):
     from flows.release import ValidationGateFailed, run_release
-    from pram_lib import release
+    from pram_lib import stream
 
-    real = release.perturb_frame
+    real = stream.perturb_chunk
 
     def corrupt(*a, **k):
         out = real(*a, **k)
-        return out.iloc[:-1]  # a row lost
+        out.rows -= 1  # a row lost
+        return out
 
-    monkeypatch.setattr(release, "perturb_frame", corrupt)
+    monkeypatch.setattr(stream, "perturb_chunk", corrupt)
     spec = demo_spec(tmp_path)
     with pytest.raises(ValidationGateFailed, match="row"):
         run_release(str(spec))

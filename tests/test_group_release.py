@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pram_lib import publish, release
-from pram_lib.gate import run_gate
+from pram_lib import publish, release, stream
 from pram_lib.spec import SpecError, load_spec, static_budget
 
 SPEC = """\
@@ -52,15 +51,15 @@ def write(folder: Path, text: str) -> Path:
 def case(tmp_path_factory):
     folder = make_source(tmp_path_factory.mktemp("group"))
     spec = load_spec(write(folder, SPEC))
-    df, _ = release.read_source(spec)
-    prof = release.profile_source(df, spec)
+    df = stream.read_whole(spec)
+    prof = stream.profile_source(spec, 17)
     assignments = release.choose_channels(spec, prof, 17)
-    rel = release.perturb_frame(df, spec, prof, assignments, 17)
-    return spec, df, prof, assignments, rel
+    rel, plan, totals = stream.release_in_memory(spec, prof, assignments, 17)
+    return spec, df, prof, assignments, rel, plan, totals
 
 
 def test_budget_counts_release_and_dependence(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     assert static_budget(spec) == pytest.approx(6 + 3 + math.log(2), abs=1e-12)
     spent = release.spent_by_variable(assignments)
     assert spent["trio"] == pytest.approx(9.0, abs=1e-12) and spent["d"] == pytest.approx(math.log(2))
@@ -68,14 +67,14 @@ def test_budget_counts_release_and_dependence(case):
 
 
 def test_planted_cluster_is_found_from_randomized_data(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     ch = next(a.channel for a in assignments if a.column == "trio")
     assert sorted(ch.clusters) == [(0, 1), (2,)]
     assert ch.epsilon_dependence == pytest.approx(3.0)
 
 
 def test_released_table_and_weights(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     assert list(rel.columns) == ["a", "b", "c", "trio_weight", "d"]
     ch = next(a.channel for a in assignments if a.column == "trio")
     w = rel["trio_weight"].to_numpy()
@@ -86,20 +85,20 @@ def test_released_table_and_weights(case):
     for i, (c, k) in enumerate(zip(ch.clusters, ch.cluster_sizes)):
         got = np.bincount(_cells(z, c, ch.sizes), weights=w, minlength=k) / w.sum()
         assert np.allclose(got, estimate_cluster(ch, z, i)["projected"].to_numpy(), atol=1e-8)
-    gate = run_gate(spec, prof, assignments, rel, None)
+    gate = stream.run_gate_totals(spec, prof, plan, totals, None)
     assert gate["passed"], gate["message"]
     assert {s["stratum"] for s in gate["statistical"] if s["variable"] == "trio"} == {"cluster a+b", "cluster c"}
 
 
 def test_marginal_estimates_cover_the_truth(case):
-    spec, df, prof, assignments, rel = case
-    est = release.estimate_release(rel, assignments, prof)
+    spec, df, prof, assignments, rel, plan, totals = case
+    est = stream.estimate_totals(plan, totals)
     for col in ["a", "b", "c"]:
         e = est[est.variable == col].set_index("category")
         truth = df[col].value_counts(normalize=True).reindex(e.index)
         z = (e["estimate"] - truth) / e["se"]
         assert (np.abs(z) < 4.5).all(), (col, z.to_dict())  # 4.5 sd: a bound that fails only on a real bias
-    tables = release.estimate_group_tables(rel, assignments, spec)
+    tables = stream.group_tables_totals(plan, totals)
     ab = tables[(tables.variable_a == "a") & (tables.variable_b == "b")]
     assert len(ab) == 9 and ab["estimate"].sum() == pytest.approx(1.0, abs=1e-9)
     # a and b are copies: the off-diagonal cells are truly 0 and the estimate says so within 4.5 se
@@ -108,15 +107,33 @@ def test_marginal_estimates_cover_the_truth(case):
 
 
 def test_gate_fails_when_the_cluster_claim_is_false(case):
-    spec, df, prof, assignments, rel = case
-    from pram_lib.channels.multi_rr import group_channel
+    spec, df, prof, assignments, rel, plan, totals = case
+    from dataclasses import replace
+
+    from pram_lib.channels.multi_rr import cell_codes, group_channel
 
     # the data were randomized with clusters [a+b | c]; claiming [a | b | c] with the same ε changes the law
     lie = [release.Assignment(a.column, a.stratum, a.strata_columns,
                               group_channel(a.channel.categories, [(0,), (1,), (2,)], 6.0,
                                             attributes=a.channel.attributes), a.prior, 0.0)
-           if a.is_group else a for a in assignments]
-    gate = run_gate(spec, prof, lie, rel, None)
+           if a.column == "trio" else a for a in assignments]
+    lie_plan = stream.make_plan(spec.on_engine("memory"), prof, lie, 17, None, "memory", sample_all=True)
+    # pass 2 counts a group per cluster of the channel it ran; the gate reads those counts against the
+    # claimed channel, so count what was really released (and the source) per CLAIMED cluster
+    def per_cluster(ch):
+        src, z = prof.groups["trio"].codes, release.group_codes(rel, ch)
+        return [[np.bincount(cell_codes(src, c, ch.sizes), minlength=k),
+                 np.bincount(cell_codes(z, c, ch.sizes), minlength=k)] for c, k in zip(ch.clusters, ch.cluster_sizes)]
+
+    # the recount is pass 2's own count under the channel that really ran
+    real = next(a.channel for a in assignments if a.column == "trio")
+    for mine, engine in zip(per_cluster(real), totals.stats["trio"].clusters, strict=True):
+        np.testing.assert_array_equal(mine[0], engine[0])
+        np.testing.assert_array_equal(mine[1], engine[1])
+    counts = per_cluster(next(a.channel for a in lie if a.column == "trio"))
+    gate = stream.run_gate_totals(spec, prof, lie_plan,
+                                  replace(totals, stats={**totals.stats, "trio": replace(totals.stats["trio"],
+                                                                                         clusters=counts)}), None)
     assert not gate["passed"] and "trio" in gate["message"]
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import synth
-from pram_lib import release
+from pram_lib import release, stream
 from pram_lib.spec import SpecError, load_spec, static_budget
 
 IDENTITY = {"column": "colour", "channel": "pram-custom", "categories": ["red", "green", "blue"],
@@ -40,8 +40,7 @@ def test_infinite_epsilon_is_refused_unless_public(tmp_path):
 def test_the_guard_also_stands_when_channels_are_chosen(tmp_path):
     """check_budget refuses an ε = ∞ channel on a variable that is not public, whatever built it."""
     spec = load_spec(_identity_spec(tmp_path, public=True))
-    df, _ = release.read_source(spec)
-    profile = release.profile_source(df, spec)
+    profile = stream.profile_source(spec, 1)
     chosen = release.choose_channels(spec, profile, 1)
     assert math.isinf(chosen[0].channel.epsilon) and chosen[0].public
     assert release.spent_by_variable(chosen) == pytest.approx({"size": math.log(3)})
@@ -54,9 +53,8 @@ def test_the_guard_also_stands_when_channels_are_chosen(tmp_path):
 
 def test_noise_channels_are_not_refused_and_spend_no_epsilon(tmp_path):
     spec = load_spec(synth.write_spec(tmp_path, noise=True))
-    df, _ = release.read_source(spec)
-    chosen = release.choose_channels(spec, release.profile_source(df, spec), 1)
-    noise = [a for a in chosen if a.is_noise]
+    chosen = release.choose_channels(spec, stream.profile_source(spec, 1), 1)
+    noise = [a for a in chosen if hasattr(a.channel, "theta")]  # noise channels: two-sided Gamma (theta, eta)
     assert [a.column for a in noise] == ["score"]
     assert "score" not in release.spent_by_variable(chosen)
 

@@ -11,9 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pram_lib import publish, release
+from pram_lib import publish, release, stream
 from pram_lib.channels import gamma as g
-from pram_lib.gate import run_gate
 from pram_lib.spec import SpecError, load_spec, static_budget
 
 SPEC = """\
@@ -53,7 +52,7 @@ def folder(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
-    """SPEC run once on the synthetic source: (spec, source, profile, assignments, released)."""
+    """SPEC run once on the synthetic source: (spec, source, profile, assignments, released, plan, totals)."""
     spec = load_spec(write(make_source(tmp_path_factory.mktemp("noise")), SPEC))
     return (spec, *run(spec))
 
@@ -65,15 +64,15 @@ def write(folder: Path, text: str) -> Path:
 
 
 def run(spec, seed=11):
-    df, _ = release.read_source(spec)
-    prof = release.profile_source(df, spec)
+    df = stream.read_whole(spec)
+    prof = stream.profile_source(spec, seed)
     assignments = release.choose_channels(spec, prof, seed)
-    rel = release.perturb_frame(df, spec, prof, assignments, seed)
-    return df, prof, assignments, rel
+    rel, plan, totals = stream.release_in_memory(spec, prof, assignments, seed)
+    return df, prof, assignments, rel, plan, totals
 
 
 def test_noise_variables_are_outside_the_dp_budget(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     assert static_budget(spec) == pytest.approx(math.log(2), abs=1e-15)
     assert release.spent_by_variable(assignments) == {"colour": pytest.approx(math.log(2))}
     doc = publish.channels_document(spec, assignments)
@@ -82,7 +81,7 @@ def test_noise_variables_are_outside_the_dp_budget(case):
 
 
 def test_chosen_noise_meets_the_protection_level(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     inc = next(a.channel for a in assignments if a.column == "income")
     assert 0.5 <= inc.theta <= 1.0
     x = df["income"].to_numpy()
@@ -94,7 +93,7 @@ def test_chosen_noise_meets_the_protection_level(case):
 
 
 def test_released_values_follow_the_published_noise_law(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     for col in ["income", "hours"]:
         ch = next(a.channel for a in assignments if a.column == col)
         x, z = df[col].to_numpy(), rel[col].to_numpy()
@@ -104,23 +103,24 @@ def test_released_values_follow_the_published_noise_law(case):
         assert abs(d.mean()) < 5 * math.sqrt(var / n)
         kurt = (ch.theta + 2) * (ch.theta + 3) / (ch.theta * (ch.theta + 1))
         assert abs(d.var() / var - 1) < 5 * math.sqrt((kurt - 1) / n)
-    gate = run_gate(spec, prof, assignments, rel, None)
+    gate = stream.run_gate_totals(spec, prof, plan, totals, None)
     assert gate["passed"], gate["message"]
 
 
 def test_gate_catches_noise_that_differs_from_the_published_law(case):
-    spec, df, prof, assignments, rel = case
+    spec, df, prof, assignments, rel, plan, totals = case
     # the data were perturbed with η = 3 but the channel now claims η = 2: the KS check must fail
     lie = [a if a.column != "hours" else release.Assignment(a.column, a.stratum, a.strata_columns,
                                                             g.laplace_noise(2.0, ("hours",)), a.prior, 0.0)
            for a in assignments]
-    gate = run_gate(spec, prof, lie, rel, None)
+    lie_plan = stream.make_plan(spec.on_engine("memory"), prof, lie, 11, None, "memory", sample_all=True)
+    gate = stream.run_gate_totals(spec, prof, lie_plan, totals, None)
     assert not gate["passed"] and "hours" in gate["message"] and "noise law" in gate["message"]
 
 
 def test_moments_and_cdf_are_recovered_from_the_release(case):
-    spec, df, prof, assignments, rel = case
-    curves, summary = release.estimate_distributions(rel, assignments, spec, B=100)
+    spec, df, prof, assignments, rel, plan, totals = case
+    curves, summary = stream.continuous_totals(plan, totals)
     s = summary.set_index("variable")
     # E X = E Z and Var X = Var Z − Var Y: within 5 standard errors of the source's own moments
     x = df["income"].to_numpy()
@@ -148,7 +148,7 @@ def test_log1p_and_point_mass_are_declared_in_the_channel(folder):
             point_masses: [0]
             theta_min: 0.5
         """))
-    df, prof, assignments, rel = run(spec)
+    df, prof, assignments, rel, plan, totals = run(spec)
     entry = publish.channels_document(spec, assignments)["channels"][0]
     assert entry["scale"] == "log1p" and entry["point_masses"] == [0.0]
     assert entry["protection"]["point_mass_mode"] == "exclude"
@@ -191,20 +191,19 @@ def test_bad_numeric_source_is_located(folder, name, values, field, words):
         folder / "src.csv", index=False)
     spec = load_spec(write(folder, SPEC))
     with pytest.raises(SpecError) as info:
-        release.read_source(spec)
+        stream.read_whole(spec)
     assert info.value.field == field and words in str(info.value) and "Fix:" in str(info.value)
 
 
 def test_out_of_bounds_and_infeasible_level_are_explained(folder):
     spec = load_spec(write(folder, SPEC.replace("theta_min: 0.5", "theta_min: 0.5\n    bounds: [0, 60]")))
     with pytest.raises(SpecError, match="outside the declared bounds"):
-        release.read_source(spec)
+        stream.read_whole(spec)
     # 95% of the records share one value: no additive noise can meet δ = 0.9 (the prior alone exceeds it)
     x = np.where(np.arange(4000) < 3800, 5.0, np.linspace(0, 100, 4000))
     pd.DataFrame({"colour": ["red", "blue"] * 2000, "income": x, "hours": 1.0}).to_csv(folder / "src.csv", index=False)
     spec = load_spec(write(folder, SPEC))
-    df, _ = release.read_source(spec)
-    prof = release.profile_source(df, spec)
+    prof = stream.profile_source(spec, 1)
     with pytest.raises(SpecError) as info:
         release.choose_channels(spec, prof, 1)
     assert info.value.field == "variables[1]" and "point_masses" in str(info.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import textwrap
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pram_lib import release
+from pram_lib import stream
 from pram_lib.spec import SpecError, load_spec, static_budget
 
 GOOD = """\
@@ -50,8 +51,7 @@ def error_of(path: Path, read: bool = False) -> SpecError:
     with pytest.raises(SpecError) as info:
         spec = load_spec(path)
         if read:
-            df, _ = release.read_source(spec)
-            release.profile_source(df, spec)
+            stream.profile_source(spec, 1)
     return info.value
 
 
@@ -60,9 +60,14 @@ def test_good_spec_loads_and_converts_gamma(folder):
     assert spec.release == "t1"
     assert spec.variables[0].epsilon == pytest.approx(math.log(3), abs=1e-15)
     assert static_budget(spec) == pytest.approx(math.log(3) + 1.0, abs=1e-12)
-    df, digest = release.read_source(spec)
+    df = stream.read_whole(spec)
     assert list(df.columns) == ["colour", "size", "region"]  # 'secret' is dropped: the spec does not name it
+    # the engine keys the source by its SHA-256 (checked again after the passes)
+    digest = hashlib.sha256((folder / "src.csv").read_bytes()).hexdigest()
     assert len(digest) == 64
+    stream.check_unchanged(spec, digest)
+    with pytest.raises(SpecError, match="changed while it was being read"):
+        stream.check_unchanged(spec, "0" * 64)
 
 
 # (spec text edit, expected line, field, words in the problem)
@@ -143,7 +148,14 @@ def test_bad_source_is_located(folder, name, edit, data, line, field, words):
 
 
 def test_stratify_orders_keys_and_indexes_rows():
-    df = pd.DataFrame({"r": ["b", "a", None, "b"]})
-    keys, idx = release.stratify(df, ["r"])
-    assert keys == [("a",), ("b",), (None,)]
-    assert idx.tolist() == [1, 0, 2, 1]
+    """The engine's strata: keys sorted with missing last (pass 1), each row's stratum number (pass 2)."""
+    from types import SimpleNamespace
+
+    from pram_lib.families.categorical import FAMILY, _stratum_index
+
+    df = pd.DataFrame({"r": ["b", "a", None, "b"], "c": ["x", "y", "x", "y"]})
+    v = SimpleNamespace(column="c", key="c", strata=["r"], categories=None)
+    vp = FAMILY.finish_profile(None, 0, v, FAMILY.profile_chunk(None, 0, v, df, 0, 0))
+    assert vp.strata == [("a",), ("b",), (None,)]
+    vplan = FAMILY.plan(v, SimpleNamespace(variables={"c": vp}))
+    assert _stratum_index(None, vplan, v, df).tolist() == [1, 0, 2, 1]

@@ -158,10 +158,16 @@ def test_a_refused_release_fails_its_gate_task_with_a_failure_artifact(prefect_s
     from prefect.client.orchestration import get_client
 
     from flows.release import ValidationGateFailed, run_release
-    from pram_lib import release
+    from pram_lib import stream
 
-    real = release.perturb_frame
-    monkeypatch.setattr(release, "perturb_frame", lambda *a, **k: real(*a, **k).iloc[:-1])   # a row lost
+    real = stream.perturb_chunk
+
+    def corrupt(*a, **k):
+        out = real(*a, **k)
+        out.rows -= 1  # a row lost
+        return out
+
+    monkeypatch.setattr(stream, "perturb_chunk", corrupt)
     spec = _release_folder(tmp_path, "refused", {"mode": "memory"})
     with pytest.raises(ValidationGateFailed):
         run_release(str(spec), seed=7)
@@ -172,7 +178,7 @@ def test_a_refused_release_fails_its_gate_task_with_a_failure_artifact(prefect_s
         tasks = {t.name.rsplit("-", 1)[0]: t for t in task_runs}
         assert tasks["validate"].state.is_failed(), {k: t.state.type for k, t in tasks.items()}
         assert "gate failed" in tasks["validate"].state.message
-        for name in ("read-source", "perturb", "choose-channels", "estimate"):
+        for name in ("profile-pass", "perturb-pass", "choose-channels", "estimate"):
             assert tasks[name].state.is_completed(), name
         (art,) = [a for a in arts if (a.key or "").endswith("-summary")]
     md = art.data

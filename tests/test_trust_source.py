@@ -38,10 +38,9 @@ def run(spec, seed: int = 7):
     """Profile, choose and perturb in the spec's engine; returns (profile, assignments, released counts by
     variable over the output categories, released missing by variable)."""
     if spec.engine.mode == "memory":
-        df, _ = release.read_source(spec)
-        prof = release.profile_source(df, spec)
+        prof = stream.profile_source(spec, seed)
         a = release.choose_channels(spec, prof, seed)
-        out = release.perturb_frame(df, spec, prof, a, seed)
+        out, _, _ = stream.release_in_memory(spec, prof, a, seed)
         counts = {c: out[c].value_counts().reindex(list(out[c].cat.categories), fill_value=0).to_numpy()
                   for c in prof.variables}
         missing = {c: int(out[c].isna().sum()) for c in prof.variables}
@@ -50,8 +49,9 @@ def run(spec, seed: int = 7):
     prof = stream.finish_profile(spec, stream.profile_pass(spec, seed))
     a = release.choose_channels(spec, prof, seed)
     totals = stream.perturb_pass(stream.make_plan(spec, prof, a, seed, None))
-    counts = {c: totals.released_counts[c].sum(axis=0) for c in prof.variables}
-    return prof, a, counts, dict(totals.missing)
+    counts = {c: totals.stats[c].released.sum(axis=0) for c in prof.variables}
+    missing = {c: n for st in totals.stats.values() for c, n in st.missing.items()}
+    return prof, a, counts, missing
 
 
 def engine_of(mode: str) -> dict | None:
@@ -117,8 +117,8 @@ def test_missing_category_perturbs_missing_values(tmp_path, mode):
     mean, var = n_m * q + (N - n_m) * r, n_m * q * (1 - q) + (N - n_m) * r * (1 - r)
     assert abs(counts["region"][j] - mean) < 5 * math.sqrt(var)
     if mode == "memory":  # row by row: a missing value moves to another category w.p. 1 − q
-        df, _ = release.read_source(spec)
-        out = release.perturb_frame(df, spec, prof, a, 7)
+        df = stream.read_whole(spec)
+        out, _, _ = stream.release_in_memory(spec, prof, a, 7)
         moved = int(((df["region"] == release.MISSING) & (out["region"] != release.MISSING)).sum())
         assert abs(moved - n_m * (1 - q)) < 5 * math.sqrt(n_m * q * (1 - q))
 
@@ -140,17 +140,16 @@ def test_real_value_equal_to_the_missing_label_is_refused(tmp_path):
     spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "region", "channel": "rr-uniform", "alpha": 1.0,
                                                      "missing": "category"}]))
     with pytest.raises(SpecError) as info:
-        release.read_source(spec)
+        stream.read_whole(spec)
     assert info.value.field == "variables[0].missing" and info.value.line is not None
     assert info.value.found == "<missing>"
 
 
 def test_missing_category_on_a_noised_variable_is_refused(tmp_path):
     (tmp_path / "s.csv").write_text("x\n" + "1.5\n2.5\n\n" * 10)
-    spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "x", "channel": "laplace-noise", "eta": 1.0,
-                                                     "missing": "category"}]))
-    with pytest.raises(SpecError) as info:
-        release.read_source(spec)
+    with pytest.raises(SpecError) as info:  # refused when the spec is loaded, before the source is read
+        load_spec(write_spec(tmp_path, "s.csv", [{"column": "x", "channel": "laplace-noise", "eta": 1.0,
+                                                  "missing": "category"}]))
     assert info.value.field == "variables[0].missing"
 
 
@@ -161,16 +160,17 @@ def test_reports_state_how_missing_values_are_released(tmp_path):
     spec = load_spec(write_spec(tmp_path, "s.csv", [
         {"column": "region", "channel": "rr-uniform", "alpha": 1.0},
         {"column": "colour", "channel": "rr-uniform", "alpha": 1.0, "missing": "category"}]))
-    df, _ = release.read_source(spec)
-    prof = release.profile_source(df, spec)
+    prof = stream.profile_source(spec, 1)
     a = release.choose_channels(spec, prof, 1)
     text = publish.render_report(spec, a, pd.DataFrame(), {}, N, ["region", "colour"], "now", [])
     section = text.split("## Missing values")[1].split("##")[0]
     assert "`region`: released as missing and NOT perturbed" in section
     assert "`colour`: the category `<missing>`, perturbed" in section
     assert str(int(0.2 * N)) not in section
-    internal, _ = publish.internal_report(spec, a, prof, pd.DataFrame(columns=["variable"]), None, None, {})
-    assert f"| `region` | {int(0.2 * N)} | keep |" in internal
+    risk = {"before": stream.risk_measures(prof.key_cells, spec), "after": stream.risk_measures(None, spec)}
+    internal, _ = publish.internal_report(spec, a, prof, pd.DataFrame(columns=["variable"]), risk,
+                                          {"statistical": []})
+    assert f"| `region` | {int(0.2 * N)} | released as missing and NOT perturbed" in internal
 
 
 # -- 2 and 3. malformed sources -----------------------------------------------------------------------------
@@ -181,7 +181,7 @@ VARS = [{"column": "colour", "channel": "rr-uniform", "alpha": 1.0}]
 
 def read_all(spec) -> None:
     if spec.engine.mode == "memory":
-        release.read_source(spec)
+        stream.read_whole(spec)
     else:
         stream.check_source(spec)
         for _ in stream.iter_chunks(spec):
@@ -226,7 +226,7 @@ def test_data_values_stay_out_of_the_problem_text(tmp_path):
     (tmp_path / "s.csv").write_text("colour,n\n" + "red,1\nblue,2\n" * 5 + "green,SECRETVALUE\n")
     spec = load_spec(write_spec(tmp_path, {"path": "s.csv", "dtypes": {"n": "int64"}}, VARS, passthrough=["n"]))
     with pytest.raises(SpecError) as info:
-        release.read_source(spec)
+        stream.read_whole(spec)
     assert "SECRETVALUE" not in info.value.problem and "SECRETVALUE" in str(info.value.found)
 
 
@@ -243,10 +243,9 @@ def test_huge_levels_build_a_channel_within_the_level(tmp_path, level, channel):
         tmp_path / "s.csv", index=False)
     v = {"columns": ["a", "b"]} if channel.startswith("rr-") and channel != "rr-uniform" else {"column": "a"}
     spec = load_spec(write_spec(tmp_path, "s.csv", [{**v, "channel": channel, **level}], budget=2000.0))
-    df, _ = release.read_source(spec)
-    prof = release.profile_source(df, spec)
+    prof = stream.profile_source(spec, 5)
     a = release.choose_channels(spec, prof, 5)
-    out = release.perturb_frame(df, spec, prof, a, 5)
+    out, _, _ = stream.release_in_memory(spec, prof, a, 5)
     publish.channels_document(spec, a)
     requested = level.get("alpha", math.log(level.get("gamma", math.e)))
     ch = a[0].channel

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import synth
-from pram_lib import release
+from pram_lib import release, stream
 from pram_lib.ledger import REGISTRY_FILE, Ledger, LedgerRefused, ledger_for, reserve_for, settle_for, \
     settle_recovered
 from pram_lib.spec import SpecError, load_spec, named_private_store
@@ -252,8 +252,7 @@ def test_budget_must_be_finite(tmp_path):
 # -- 4. a data prior from a handful of rows ----------------------------------------------------------------------
 def _choose(path: Path) -> list:
     spec = load_spec(path)
-    df, _ = release.read_source(spec)
-    return release.choose_channels(spec, release.profile_source(df, spec), 1234)
+    return release.choose_channels(spec, stream.profile_source(spec, 1234), 1234)
 
 
 def _small_stratum_source(folder: Path, small: int) -> None:

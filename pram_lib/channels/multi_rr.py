@@ -806,14 +806,18 @@ def _check_data_cells(channel: GroupChannel) -> None:
                              "supported): split it into smaller clusters (rr_clusters with a smaller T_v)")
 
 
-def perturb_group(channel: GroupChannel, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Randomize (n, m) codes cluster by cluster (independent child streams ``rng.spawn``); returns (n, m)."""
+def perturb_group(channel: GroupChannel, codes: np.ndarray,
+                  rng: np.random.Generator | Sequence[np.random.Generator]) -> np.ndarray:
+    """Randomize (n, m) codes cluster by cluster; returns (n, m). `rng`: one generator per cluster, or one
+    generator whose independent child streams (``rng.spawn``) the clusters take."""
     x = _check_codes(codes, channel.sizes, "codes")
     _check_data_cells(channel)
     out = np.empty(x.shape, dtype=np.int64)
     sizes = channel.sizes
-    for c, k, p, child in zip(channel.clusters, channel.cluster_sizes, channel.keep,
-                              rng.spawn(len(channel.clusters))):
+    children = rng.spawn(len(channel.clusters)) if isinstance(rng, np.random.Generator) else list(rng)
+    if len(children) != len(channel.clusters):
+        raise ValueError(f"{len(children)} generators for {len(channel.clusters)} clusters")
+    for c, k, p, child in zip(channel.clusters, channel.cluster_sizes, channel.keep, children):
         z = sample_keep_uniform(_cells(x, c, sizes), np.full(k, p), child)
         for j, col in zip(c, np.unravel_index(z, [sizes[j] for j in c])):
             out[:, j] = col

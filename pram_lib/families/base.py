@@ -1,0 +1,148 @@
+"""What the release engine asks of a family of channels.
+
+The engine (pram_lib.stream) runs every variable through the same steps and never asks which family it
+has: pass 1 profiles a chunk and folds the profiles, the family chooses its channels, pass 2 perturbs a
+chunk (randomness addressed by row) and folds its statistics, and estimates, tables, declared columns
+and gate tests are computed from the folded statistics. A family is one module in this package with
+one `Family` object; the registry (pram_lib.families) maps each spec `channel:` name to it.
+
+Folded objects (profile parts, chunk statistics) add with `+`, associatively, so chunks can be folded
+in any grouping and order; per-row randomness makes the result the same for any chunking.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pandas as pd
+
+
+class ChunkStats(Protocol):
+    """Statistics of a variable over the rows of one or more chunks (confidential: they use the source)."""
+
+    missing: dict[str, int]                        # released column -> missing values
+    extremes: dict[str, tuple[float, float]]       # released numeric column -> (min, max)
+
+    def __add__(self, other: Any) -> Any: ...
+
+
+class Family:
+    """One family of channels: base class with the defaults (no tables, no curves)."""
+
+    kind: str = ""                 # how reports name it: categorical, group, continuous
+    channels: tuple[str, ...] = ()  # the spec's `channel:` names it serves
+    slot: str = ""                 # where its profile entries live in Profile (variables, groups, numeric)
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def text_columns(self, v) -> list[str]:
+        """Source columns read as text (categories)."""
+        return []
+
+    def clean(self, spec, i: int, v, df: pd.DataFrame) -> None:
+        """Check and convert the variable's columns of a chunk as read (in place)."""
+
+    # -- pass 1 -------------------------------------------------------------------------------------
+    def profile_chunk(self, spec, i: int, v, df: pd.DataFrame, start: int, seed: int) -> Any:
+        """Foldable profile of one chunk (rows start .. start + len(df) of the source)."""
+        raise NotImplementedError
+
+    def finish_profile(self, spec, i: int, v, part: Any) -> Any:
+        """The profile entry the chooser takes, from the folded parts."""
+        raise NotImplementedError
+
+    # -- choice ----------------------------------------------------------------------------------------
+    def choose(self, spec, i: int, v, profile, seed: int) -> list:
+        """The variable's assignments (one per stratum)."""
+        raise NotImplementedError
+
+    def plan(self, v, profile) -> Any:
+        """What pass 2 needs besides the channels (category orders, stratum numbers, centring)."""
+        return None
+
+    # -- pass 2 ----------------------------------------------------------------------------------------
+    def perturb_chunk(self, plan, i: int, v, df: pd.DataFrame, start: int) -> tuple[dict, ChunkStats]:
+        """The chunk's released columns {name: values} and its statistics."""
+        raise NotImplementedError
+
+    # -- from the folded statistics --------------------------------------------------------------------
+    def estimates(self, plan, v, assignments: list, stats: ChunkStats, level: float) -> list[pd.DataFrame]:
+        """Rows of estimates.csv (estimated distributions with intervals at `level`)."""
+        return []
+
+    def tables(self, plan, v, assignments: list, stats: ChunkStats, level: float) -> list[pd.DataFrame]:
+        """Rows of tables.csv (estimated joint tables)."""
+        return []
+
+    def continuous(self, plan, v, assignments: list, stats: ChunkStats, sample: pd.DataFrame | None,
+                   level: float) -> tuple[pd.DataFrame, dict] | None:
+        """Deconvolved curves and a numeric_summary.csv row, for continuous variables."""
+        return None
+
+    def declared_columns(self, spec, v, profile, assignments: list) -> dict[str, dict]:
+        """What each released column of the variable must look like (the gate's expectations)."""
+        raise NotImplementedError
+
+    def gate_tests(self, spec, v, profile, plan, assignments: list, stats: ChunkStats,
+                   level: float) -> tuple[list[dict], list[dict]]:
+        """(statistical tests, which Holm's procedure corrects; exact checks over every row)."""
+        return [], []
+
+    def channel_entries(self, spec, v, assignments: list) -> list[dict]:
+        """The variable's entries of channels.json (public facts only)."""
+        raise NotImplementedError
+
+    # -- reports: report.md (public facts only) -------------------------------------------------------
+    def missing_rule(self, v) -> str:
+        """How the variable's missing values are released (a rule, no count)."""
+        raise NotImplementedError
+
+    def privacy_rows(self, spec, v, assignments: list) -> list[str]:
+        """Rows of the report's privacy table (ε-DP variables)."""
+        return []
+
+    def report_section(self, spec, entries: list[tuple], numeric_summary: pd.DataFrame | None) -> list[str]:
+        """The family's own section of report.md, for its (variable, assignments) entries."""
+        return []
+
+    def describe(self, v, assignments: list) -> str:
+        """The variable's channel in a few words (the UI's variables table)."""
+        return v.channel
+
+    def check_line(self, a) -> str:
+        """One line of `pram-release check` for an assignment: stratum, size, ε, γ, MI, method."""
+        raise NotImplementedError
+
+    def utility_rows(self, v, assignments: list, tvd: dict) -> list[str]:
+        """Rows of the report's utility table."""
+        return []
+
+    # -- the internal report (confidential: source against estimate) ----------------------------------
+    internal_key: str = ""          # its list in internal.json
+
+    def source_missing(self, v, profile) -> int:
+        """Missing values of the variable in the source."""
+        raise NotImplementedError
+
+    def internal_section(self, spec, entries: list[tuple], profile, overall: pd.DataFrame, stats: dict,
+                         tables: pd.DataFrame | None, curves: pd.DataFrame | None,
+                         summary: pd.DataFrame | None) -> tuple[list[str], list[dict]]:
+        """(markdown lines, rows for internal.json) comparing the source with the release's estimates."""
+        return [], []
+
+
+PRIORS_FOR_REPORT = (0.01, 0.10, 0.50)   # the report's intruder priors
+
+
+def pct(level: float) -> str:
+    """A confidence level as the report writes it: 0.95 -> '95%', 0.995 -> '99.5%'."""
+    return f"{100 * level:.4g}%"
+
+
+def fmt_num(x) -> str:
+    return "—" if x is None else f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
+
+
+def exact(check: str, passed: bool, message: str, variable: str | None = None) -> dict:
+    """An exact check over every row, as the gate reports it."""
+    return {"check": check, "variable": variable, "stratum": "all", "passed": bool(passed), "message": message,
+            "method": "exact, over every row"}

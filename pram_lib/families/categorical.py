@@ -1,0 +1,398 @@
+"""Categorical variables, one channel per stratum: optimal PRAM (pram-optimal), uniform randomized response
+(rr-uniform), a matrix given in the spec (pram-custom) and invariant PRAM (pram-invariant).
+
+Profile: counts per (stratum, category). Statistics of a chunk: source and released counts per stratum
+(the gate compares them; estimates invert the released ones).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.channel import encode
+from pram_lib.channels.pram import mutual_information
+from pram_lib.channels.rr import h_gamma
+from pram_lib.families.base import PRIORS_FOR_REPORT, Family, exact, pct
+from pram_lib.model import (MISSING, NO_STRATUM, Assignment, VariableProfile, check_strata,
+                            keyed_generator, stratum_label)
+from pram_lib.validate import channel_consistency_test
+from pram_lib.randomness import Replay, at_row, uniforms
+from pram_lib.spec import PriorDP, PriorFile
+
+VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
+PERTURB = 0                      # randomness key purpose of the perturbation
+
+if TYPE_CHECKING:
+    from pram_lib.spec import ReleaseSpec
+
+
+def value_key(x) -> object:
+    """A value as a dictionary key: every kind of missing value is None."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA else x
+
+
+def count_values(df: pd.DataFrame, columns: list[str]) -> Counter:
+    """{(value, ...): rows} over the given columns, missing values as None."""
+    vc = df[columns].value_counts(dropna=False, sort=False)
+    out: Counter = Counter()
+    for k, n in vc.items():
+        if n:
+            out[tuple(value_key(x) for x in (k if isinstance(k, tuple) else (k,)))] += int(n)
+    return out
+
+
+def key_order(key: tuple) -> tuple:
+    return tuple((x is None, str(x)) for x in key)
+
+
+def missing_as_category(spec: ReleaseSpec, i: int, col: pd.Series) -> pd.Series:
+    """`missing: category`: missing values become the category '<missing>' (then profiled and perturbed like
+    any other); a real value '<missing>' in the source would be merged with them, so it is refused."""
+    if bool((col == MISSING).fillna(False).any()):
+        raise spec.error(("variables", i, "missing"), f"the source has the value {MISSING!r}, the label "
+                         "`missing: category` gives missing values", MISSING,
+                         "recode that value in the source, or use `missing: keep`")
+    if not col.isna().any():
+        return col
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        if MISSING not in col.cat.categories:
+            col = col.cat.add_categories([MISSING])
+        return col.fillna(MISSING)
+    return col.fillna(MISSING)
+
+
+def declared_categories(v) -> tuple:
+    """A variable's declared domain; with `missing: category`, '<missing>' is part of it (pram-optimal and
+    rr-uniform add it; a pram-custom or pram-invariant matrix must list it itself)."""
+    cats = tuple(str(c) for c in v.categories)
+    if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "rr-uniform"):
+        cats += (MISSING,)
+    return cats
+
+
+@dataclass
+class CategoricalStats:
+    """Source and released counts per stratum ((strata, k) and (strata, k_out)) of one variable."""
+
+    source: np.ndarray
+    released: np.ndarray
+    missing: dict[str, int] = field(default_factory=dict)
+    extremes: dict = field(default_factory=dict)
+
+    def __add__(self, o: "CategoricalStats") -> "CategoricalStats":
+        return CategoricalStats(self.source + o.source, self.released + o.released,
+                                {c: n + o.missing[c] for c, n in self.missing.items()})
+
+
+@dataclass(frozen=True)
+class CategoricalPlan:
+    categories: tuple
+    strata: dict[tuple, int]     # stratum key -> its number
+
+
+def choose_prior(spec, i: int, v, counts: np.ndarray, cats: tuple,
+           seed: int, j: int, stratum: str = "all") -> tuple[np.ndarray, str]:
+    if v.prior == "data":
+        if counts.sum() < v.min_prior_rows:
+            # The published matrix is a function of these few records' values: it would single them out.
+            raise spec.error(("variables", i, "prior"), f"a data prior is taken from fewer than min_prior_rows = "
+                             f"{v.min_prior_rows} rows{'' if stratum == 'all' else ' in a stratum'}: the matrix "
+                             "published for it would depend on a handful of records (the stratum and its row "
+                             "count are under found)", {"stratum": stratum, "rows": int(counts.sum())},
+                             "choose the matrix without the raw data: `prior: uniform`, a public reference "
+                             "`prior: {file: reference.csv}`, or a differentially private histogram "
+                             "`prior: {dp: 0.1}` (or merge small strata)")
+        return counts / counts.sum() if counts.sum() > 0 else np.full(len(cats), 1 / len(cats)), \
+            "data (the choice of matrix depends on the raw data)"
+    if v.prior == "uniform":
+        return np.full(len(cats), 1 / len(cats)), "uniform"
+    if isinstance(v.prior, PriorFile):
+        path = spec.resolve(v.prior.file)
+        if not path.is_file():
+            raise spec.error(("variables", i, "prior", "file"), "prior file not found", str(path), "fix the path")
+        ref = pd.read_csv(path, dtype={"category": "str"})
+        col = "probability" if "probability" in ref.columns else "count" if "count" in ref.columns else None
+        if "category" not in ref.columns or col is None:
+            raise spec.error(("variables", i, "prior", "file"), "prior file needs columns `category` and "
+                             "`probability` (or `count`)", list(ref.columns), "rename its columns")
+        w = ref.set_index("category")[col].reindex(list(cats))
+        if w.isna().any():
+            raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories",
+                             [c for c, x in zip(cats, w.isna()) if x][:10], "give every category a weight")
+        p = w.to_numpy(dtype=float)
+        return p / p.sum(), f"public file {v.prior.file}"
+    assert isinstance(v.prior, PriorDP)
+    eps0 = v.prior.dp
+    rng = keyed_generator(seed, i, j, 1)
+    # Replace-one neighbours change two counts by 1 each: L1 sensitivity 2.
+    noisy = np.clip(counts + rng.laplace(scale=2.0 / eps0, size=counts.size), 0, None)
+    p = noisy / noisy.sum() if noisy.sum() > 0 else np.full(len(cats), 1 / len(cats))
+    return p, f"differentially private histogram (ε0 = {eps0:g}, Laplace)"
+
+
+
+def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp):
+    """The channel of one stratum: (channel, prior label, prior ε0)."""
+    from pram_lib.channels.pram import optimal_pram
+    from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr, usable_epsilon
+
+    none = "none (channel does not depend on the data)"
+    if v.channel == "rr-uniform":
+        return uniform_rr(len(cats), epsilon=v.epsilon, variable=v.column, categories=cats), none, 0.0
+    if v.channel == "pram-custom":
+        return custom_channel(np.asarray(v.matrix, dtype=float), cats, variable=v.column), none, 0.0
+    p, prior_label = choose_prior(spec, i, v, counts, cats, seed, j, stratum_label(vp.strata_columns, key))
+    if v.channel == "pram-optimal":
+        return (optimal_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats), prior_label,
+                v.prior_epsilon)
+    if np.any(p <= 0):  # pram-invariant
+        empty = [c for c, x in zip(cats, p) if x <= 0]
+        raise spec.error(("variables", i, "categories" if v.categories is not None else "prior"),
+                         f"categories with no records{'' if key == NO_STRATUM else f' in stratum {key}'}"
+                         ": invariant PRAM would keep them apart and its matrix is then singular",
+                         empty, "drop them from `categories:`, or use channel pram-optimal / rr-uniform")
+    return (invariant_pram(p, min_diagonal=v.min_diagonal, variable=v.column, categories=cats), prior_label,
+            v.prior_epsilon)
+
+
+class Categorical(Family):
+    kind = "categorical"
+    channels = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
+    slot = "variables"
+
+    def text_columns(self, v):
+        return [v.column]
+
+    def clean(self, spec, i, v, df):
+        if v.missing == "category":
+            df[v.column] = missing_as_category(spec, i, df[v.column])
+
+    def profile_chunk(self, spec, i, v, df, start, seed):
+        return count_values(df, [*v.strata, v.column])
+
+    def finish_profile(self, spec, i, v, counts: Counter) -> VariableProfile:
+        observed = {key[-1] for key in counts if key[-1] is not None}
+        if not observed:
+            raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
+                             "check the column, or drop the variable from the spec")
+        if v.categories is not None:
+            cats = declared_categories(v)
+            unknown = {str(x) for x in observed} - set(cats)
+            if unknown:
+                raise spec.error(("variables", i, "categories"), "the source has values outside the declared "
+                                 "categories", sorted(unknown)[:10], "add them to `categories:` or recode")
+            from_data = False
+        else:
+            cats = tuple(sorted(str(x) for x in observed))
+            from_data = True
+        if len(cats) < 2:
+            raise spec.error(("variables", i, "column"), f"needs at least 2 categories, found {len(cats)}", cats,
+                             "declare the domain with `categories:`")
+        strata = sorted({key[:-1] for key in counts}, key=key_order) if v.strata else [NO_STRATUM]
+        pos = {c: j for j, c in enumerate(cats)}
+        table = {s: np.zeros(len(cats)) for s in strata}
+        missing = {s: 0 for s in strata}
+        for key, n in counts.items():
+            s = key[:-1] if v.strata else NO_STRATUM
+            if key[-1] is None:
+                missing[s] += n
+            else:
+                table[s][pos[str(key[-1])]] += n
+        return VariableProfile(v.column, cats, from_data, tuple(v.strata), strata, None, table, missing)
+
+    def choose(self, spec, i, v, profile, seed):
+        vp = profile.variables[v.column]
+        check_strata(spec, i, v, vp)  # the gate's χ² checks need enough records per stratum
+        out = []
+        for j, key in enumerate(vp.strata):
+            ch, prior, prior_eps = _channel(spec, i, v, vp.counts[key], vp.categories, seed, j, key, vp)
+            out.append(Assignment(v.column, key, vp.strata_columns, ch, prior, prior_eps, v.public))
+        return out
+
+    def plan(self, v, profile) -> CategoricalPlan:
+        vp = profile.variables[v.column]
+        return CategoricalPlan(vp.categories, {key: j for j, key in enumerate(vp.strata)})
+
+    def perturb_chunk(self, plan, i, v, df, start):
+        vplan: CategoricalPlan = plan.variables[v.key]
+        channels = {vplan.strata[a.stratum]: a.channel for a in plan.by_column(v.column)}
+        first = channels[0]
+        codes = encode(df[v.column], vplan.categories, v.column)
+        sidx = _stratum_index(plan, vplan, v, df)
+        n_strata, k, k_out = len(vplan.strata), len(vplan.categories), first.n_outputs
+        if n_strata == 1:  # the kernel's output is the released column: no fill, no copy
+            out = first.perturb_codes(codes, at_row(plan.seed, (i, 0, PERTURB), start))
+        else:  # each row draws its own uniform, whichever stratum's channel reads it
+            u = uniforms(plan.seed, (i, 0, PERTURB), start, codes.size)
+            out = np.full(codes.shape, -1, dtype=np.int64)
+            for j, ch in channels.items():
+                rows = np.flatnonzero(sidx == j)
+                out[rows] = ch.perturb_codes(codes[rows], Replay(u[rows]))
+        live, rel = codes >= 0, out >= 0
+        stats = CategoricalStats(
+            np.bincount(sidx[live] * k + codes[live], minlength=n_strata * k).reshape(n_strata, k),
+            np.bincount(sidx[rel] * k_out + out[rel], minlength=n_strata * k_out).reshape(n_strata, k_out),
+            {v.column: int((~rel).sum())})
+        return {v.column: pd.Categorical.from_codes(out, categories=list(first.output_categories))}, stats
+
+    def estimates(self, plan, v, assignments, stats, level):
+        strata = plan.variables[v.key].strata
+        frames = [estimate_frame(a, stats.released[strata[a.stratum]], level) for a in assignments]
+        return [f for f in frames if f is not None]
+
+    def declared_columns(self, spec, v, profile, assignments):
+        vp = profile.variables[v.column]
+        return {v.column: {"kind": "categorical", "domain": [str(c) for c in assignments[0].channel.output_categories],
+                           "max_missing": int(sum(vp.missing.values()))}}
+
+    def gate_tests(self, spec, v, profile, plan, assignments, stats, level):
+        vp, strata = profile.variables[v.column], plan.variables[v.key].strata
+        tests, checks = [], []
+        for a in assignments:
+            j = strata[a.stratum]
+            if not np.array_equal(stats.source[j], vp.counts[a.stratum]):
+                checks.append(exact("source unchanged", False, f"{a.column} [{a.stratum_label}]: the source counts "
+                                    "differ between the profile and perturb passes (the file changed)", a.column))
+            res = channel_consistency_test(np.asarray(vp.counts[a.stratum]), stats.released[j].astype(float),
+                                           a.channel, level=level)
+            res.update(variable=a.column, stratum=a.stratum_label)
+            tests.append(res)
+        return tests, checks
+
+    def missing_rule(self, v):
+        if v.missing == "category":
+            return "the category `<missing>`, perturbed by the channel like any other category"
+        return ("released as missing and NOT perturbed: whether a record's value is missing is not protected "
+                "(`missing: category` perturbs them)")
+
+    def privacy_rows(self, spec, v, assignments):
+        eps = max(a.channel.epsilon for a in assignments)
+        g = math.exp(eps)
+        methods = sorted({a.channel.method for a in assignments})
+        post = " | ".join(f"{100 * h_gamma(p, g):.1f}%" for p in PRIORS_FOR_REPORT)
+        return [f"| `{v.column}` | {v.channel} | {len(assignments)} | {eps:.4g} | {g:.4g} | {'; '.join(methods)} | "
+                f"{assignments[0].prior} | {post} |"]
+
+    def check_line(self, a):
+        c = a.channel
+        mi = "" if c.objective is None or math.isnan(c.objective) else f"{c.objective:.4g}"
+        return (f"{a.column:<18} {a.stratum_label[:22]:<22} {c.n_inputs:>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} "
+                f"{mi:>9}  {c.method}{'' if c.certified else ' [not certified]'}")
+
+    def utility_rows(self, v, assignments, tvd):
+        mi = assignments[0].channel.objective
+        mi_s = "—" if mi is None or (isinstance(mi, float) and math.isnan(mi)) else f"{mi:.4g}"
+        return [f"| `{v.column}` | {assignments[0].channel.n_inputs} | {mi_s}"
+                f"{' (first stratum)' if len(assignments) > 1 else ''} | {tvd.get(v.column, float('nan')):.4f} |"]
+
+    internal_key = "utility"
+
+    def source_missing(self, v, profile):
+        vp = profile.variables[v.column]
+        n = int(sum(vp.missing.values()))
+        if MISSING in vp.categories:  # `missing: category`: they were counted as that category
+            n += int(sum(c[vp.categories.index(MISSING)] for c in vp.counts.values()))
+        return n
+
+    def internal_section(self, spec, entries, profile, overall, stats, tables, curves, summary):
+        util = []
+        for v, alist in entries:
+            g = overall[overall["variable"] == v.column]
+            if g.empty:
+                continue
+            vp = profile.variables[v.column]
+            total = sum(vp.counts.values())
+            p_true = total / total.sum()
+            g = g.set_index("category").reindex(list(vp.categories))
+            est, proj = g["estimate"].to_numpy(), g["projected"].to_numpy()
+            cover = float(np.mean((g["lower"].to_numpy() <= p_true) & (p_true <= g["upper"].to_numpy())))
+            ch = alist[0].channel
+            if ch.is_keep_uniform:
+                mi = float(mutual_information(p_true, ch.keep))
+            else:
+                m = p_true @ ch.matrix
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    t = p_true[:, None] * ch.matrix * np.log(ch.matrix / m[None, :])
+                mi = float(np.nansum(t))
+            released_share = g["released_share"].to_numpy()
+            util.append({"variable": v.column, "tvd_source_vs_estimate": 0.5 * float(np.abs(proj - p_true).sum()),
+                         "tvd_source_vs_unbiased": 0.5 * float(np.abs(est - p_true).sum()),
+                         "tvd_source_vs_released_raw": 0.5 * float(np.nansum(np.abs(released_share - p_true))),
+                         "mutual_information_true_p": mi, "interval_coverage": cover})
+        L = ["## Utility kept (source vs estimate)", "",
+             "| variable | TVD projected | TVD unbiased | TVD raw released | I(X;Z) at true p | "
+             f"{pct(spec.confidence)} interval coverage |", "|---|---|---|---|---|---|"]
+        for u in util:
+            L.append(f"| `{u['variable']}` | {u['tvd_source_vs_estimate']:.4f} | {u['tvd_source_vs_unbiased']:.4f} | "
+                     f"{u['tvd_source_vs_released_raw']:.4f} | {u['mutual_information_true_p']:.4g} | "
+                     f"{100 * u['interval_coverage']:.0f}% |")
+        return L + [""], util
+
+    def channel_entries(self, spec, v, assignments):
+        out = []
+        for a in assignments:
+            d = a.channel.to_dict()
+            d["details"] = {k: x for k, x in d.get("details", {}).items() if k not in VOLATILE_DETAILS}
+            d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
+                     stratum_key=[None if x is None else str(x) for x in a.stratum],
+                     prior=a.prior, prior_epsilon=a.prior_epsilon)
+            out.append(d)
+        return out
+
+
+ESTIMATE_COLUMNS = ["variable", "stratum", "category", "released_count", "released_share", "estimate", "se",
+                    "lower", "upper", "projected", "mle", "n"]
+
+
+def estimate_frame(a: Assignment, counts: np.ndarray, level: float = 0.95) -> pd.DataFrame | None:
+    """The estimates.csv rows of one variable in one stratum, from its released counts (None if empty), with
+    intervals at `level`."""
+    counts = np.asarray(counts, dtype=float)
+    if counts.sum() == 0:
+        return None
+    est = a.channel.estimate(counts, level)
+    return pd.DataFrame({
+        "variable": a.column, "stratum": a.stratum_label,
+        "category": [str(c) for c in a.channel.categories],
+        "released_count": counts if a.channel.n_outputs == a.channel.n_inputs else np.nan,
+        "released_share": counts / counts.sum() if a.channel.n_outputs == a.channel.n_inputs else np.nan,
+        "estimate": est.inversion,
+        "se": est.se,
+        "lower": est.lower,
+        "upper": est.upper,
+        "projected": est.projected,
+        "mle": est.mle,
+        "n": est.n,
+    })
+
+
+def _stratum_index(plan, vplan: CategoricalPlan, v, df: pd.DataFrame) -> np.ndarray:
+    """Row -> global stratum number, by factorising each stratum column (codes of a categorical are free)."""
+    if not v.strata:
+        return np.zeros(len(df), dtype=np.int64)
+    combined = np.zeros(len(df), dtype=np.int64)
+    labels: list[list] = []
+    for c in v.strata:
+        codes, uniques = pd.factorize(df[c], use_na_sentinel=True)
+        values = [value_key(u) for u in uniques] + [None]
+        combined = combined * len(values) + np.where(codes < 0, len(values) - 1, codes)
+        labels.append(values)
+    sizes = [len(x) for x in labels]
+    lut = np.full(int(np.prod(sizes)), -1, dtype=np.int64)
+    for cell in np.flatnonzero(np.bincount(combined, minlength=lut.size)):
+        key = tuple(labels[t][i] for t, i in enumerate(np.unravel_index(cell, sizes)))
+        if key not in vplan.strata:
+            raise plan.spec.error(("source", "path"), f"stratum {key} of {v.column!r} appeared after the profile "
+                                  "pass: the source changed while it was read", plan.spec.source.path,
+                                  "rerun once the file is complete")
+        lut[cell] = vplan.strata[key]
+    return lut[combined]
+
+
+FAMILY = Categorical()

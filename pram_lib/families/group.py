@@ -1,0 +1,342 @@
+"""Groups of categorical variables randomized together: RR-Independent, RR-Joint and RR-Clusters (Multi-RR).
+
+Profile: per attribute value counts (and, for clusters measured on randomized data, the group's rows:
+a one-chunk feature). Statistics of a chunk: per cluster the source and released cell counts (the gate),
+per attribute and per pair of attributes the released counts (marginals and 2-way tables); with
+RR-Adjustment, the released codes and weights (a one-chunk feature).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.channel import encode
+from pram_lib.channels import multi_rr as mr
+from pram_lib.channels.rr import h_gamma
+from pram_lib.families.base import PRIORS_FOR_REPORT, Family, pct
+from pram_lib.families.categorical import count_values
+from pram_lib.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
+from pram_lib.validate import channel_consistency_test
+from pram_lib.randomness import at_row
+
+PERTURB = 0
+MAX_PAIR_CELLS = 1_000_000  # 2-way tables of a group are kept for pairs with at most this many cells
+
+
+@dataclass
+class GroupPart:
+    """Pass 1 of a group: value counts per attribute; the raw rows when clusters are measured on them."""
+
+    counts: list[Counter]
+    rows: pd.DataFrame | None = None
+
+    def __add__(self, o: "GroupPart") -> "GroupPart":
+        rows = [r for r in (self.rows, o.rows) if r is not None]
+        return GroupPart([a + b for a, b in zip(self.counts, o.counts)],
+                         pd.concat(rows, ignore_index=True) if rows else None)
+
+
+@dataclass
+class GroupStats:
+    clusters: list[list[np.ndarray]]            # per cluster [source cells, released cells]
+    attributes: list[np.ndarray]                # released counts per attribute
+    pairs: dict[tuple[int, int], np.ndarray]    # released counts per pair of attributes
+    missing: dict[str, int] = field(default_factory=dict)
+    extremes: dict = field(default_factory=dict)
+    adjusted: tuple[np.ndarray, np.ndarray] | None = None   # (released codes, RR-Adjustment weights)
+
+    def __add__(self, o: "GroupStats") -> "GroupStats":
+        return GroupStats([[a + c, b + d] for (a, b), (c, d) in zip(self.clusters, o.clusters)],
+                          [a + b for a, b in zip(self.attributes, o.attributes)],
+                          {k: self.pairs[k] + o.pairs[k] for k in self.pairs},
+                          {c: n + o.missing[c] for c, n in self.missing.items()}, {},
+                          self.adjusted if o.adjusted is None else o.adjusted)
+
+
+def measured_clusters(v) -> bool:
+    """Clusters measured on (randomized) source rows: needs the whole table in one chunk."""
+    return v.clustering is not None and v.clustering.public is None
+
+
+def group_codes_of(v, cats: list[list[str]], df: pd.DataFrame) -> np.ndarray:
+    """(n, m) codes of a group's columns; '<missing>' is a category of its own."""
+    out = []
+    for c, k in zip(v.columns, cats):
+        if MISSING in k:
+            x = encode(df[c], k[:-1], c)
+            out.append(np.where(x < 0, len(k) - 1, x))
+        else:
+            out.append(encode(df[c], k, c))
+    return np.column_stack(out).astype(np.int64)
+
+
+def choose_group(spec, i: int, v, gp: GroupProfile, seed: int):
+    """RR-Independent / RR-Joint / RR-Clusters for a group; clusters come from randomized data only."""
+    cats = {a: c for a, c in zip(gp.attributes, gp.categories)}
+    if v.channel == "rr-independent":
+        return mr.rr_independent(cats, v.epsilon)
+    if v.channel == "rr-joint":
+        ch = mr.rr_joint(cats, v.epsilon)
+    else:
+        c = v.clustering
+        try:
+            ch = mr.rr_clusters(None if c.public else gp.codes, cats, v.epsilon, T_v=c.T_v, T_d=c.T_d,
+                                dependence=c.measure, epsilon_dependence=c.alpha, rng=keyed_generator(seed, i, 0, 2),
+                                public_dependence=c.public)
+        except ValueError as exc:
+            raise spec.error(("variables", i, "clustering"), str(exc), None, "check the clustering settings") from None
+    for k, cl in zip(ch.cluster_sizes, ch.clusters):
+        if k > mr.MAX_DATA_CELLS:
+            raise spec.error(("variables", i), f"cluster {[gp.attributes[j] for j in cl]} has {k:,} cells, more "
+                             f"than {mr.MAX_DATA_CELLS:,}", None, "use rr-clusters with a smaller T_v")
+    return ch
+
+
+def group_codes(released: pd.DataFrame, ch) -> np.ndarray:
+    """Released codes of a group, from the released table and the published channel."""
+    return np.column_stack([pd.Categorical(released[a].astype("object"), categories=list(c)).codes
+                            for a, c in zip(ch.attributes, ch.categories)]).astype(np.int64)
+
+
+def group_marginals(released: pd.DataFrame | None, ch, level: float = 0.95,
+                    attribute_counts: list[np.ndarray] | None = None) -> list[pd.DataFrame]:
+    """Per attribute of a group: its estimated marginal, from the released table or its released counts."""
+    z = group_codes(released, ch) if attribute_counts is None else None
+    out = []
+    for j, attr in enumerate(ch.attributes):
+        if attribute_counts is None:
+            counts = np.bincount(z[:, j], minlength=len(ch.categories[j])).astype(float)
+        else:
+            counts = np.asarray(attribute_counts[j], dtype=float)
+        e = mr.estimate_marginal(ch, z, [attr], level, counts=None if z is not None else counts)
+        out.append(pd.DataFrame({
+            "variable": attr, "stratum": "all", "category": [str(c) for c in ch.categories[j]],
+            "released_count": counts, "released_share": counts / counts.sum(),
+            "estimate": e["estimate"].to_numpy(), "se": e["se"].to_numpy(), "lower": e["lower"].to_numpy(),
+            "upper": e["upper"].to_numpy(), "projected": e["projected"].to_numpy(), "mle": e["mle"].to_numpy(),
+            "n": float(counts.sum()),
+        }))
+    return out
+
+
+
+def report_section(spec, groups: list) -> list[str]:
+    L = ["## Groups of variables: multi-attribute randomized response", "",
+         "The attributes of a group are split into clusters; each cluster is randomized as one variable on the "
+         "product of its attributes' categories (K-ary randomized response: keep the true combination with "
+         "probability `keep`, else report one of the other combinations uniformly). Clusters are randomized "
+         "independently, so the group's ε is the sum of the clusters' ε, plus the ε spent measuring the "
+         "dependence between attributes on randomized data (rr-clusters). Missing values, if any, are a category "
+         "`<missing>` of their own and are randomized like any other.", ""]
+    for a in groups:
+        v = next(x for x in spec.variables if x.key == a.column)
+        ch = a.channel
+        L += [f"### `{a.column}`: {v.channel}", "",
+              f"- attributes: {', '.join(f'`{x}`' for x in ch.attributes)}",
+              f"- ε = {ch.epsilon:.4g} = {ch.epsilon_release:.4g} (release, split equally over the attributes; a "
+              f"cluster spends the sum of its attributes' shares) + {ch.epsilon_dependence:.4g} (measuring "
+              "dependence)", "", "| cluster | cells | ε | keep | each other cell |", "|---|---|---|---|---|"]
+        for c, k, e, p, q in zip(ch.clusters, ch.cluster_sizes, ch.cluster_epsilons, ch.keep, ch.move):
+            L.append(f"| {' + '.join(ch.attributes[j] for j in c)} | {k:,} | {e:.4g} | {p:.4g} | {q:.3g} |")
+        if v.channel == "rr-clusters":
+            c = v.clustering
+            how = ("declared public by the curator (no ε spent)" if c.public else
+                   f"Cramér's V measured on randomized data ({'each pair randomized jointly' if c.measure == 'pairs' else 'each attribute randomized'}, ε = {c.alpha:g})")
+            L += ["", f"Clusters by Algorithm 1 (T_v = {c.T_v:g} cells, T_d = {c.T_d:g}) from dependence {how}."]
+            if ch.dependence is not None and not c.public:
+                L += ["", "Measured dependence (from randomized data):", "",
+                      "| | " + " | ".join(ch.attributes) + " |", "|---" * (len(ch.attributes) + 1) + "|"]
+                for i, row in enumerate(ch.dependence):
+                    L.append(f"| {ch.attributes[i]} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
+        if v.adjust:
+            L += ["", f"RR-Adjustment: the column `{v.weight_column}` holds weights (summing to the number of "
+                  "records) that make each cluster's weighted released distribution equal its estimate; use them "
+                  "for tables across clusters (post-processing: no privacy cost)."]
+        L += ["", "`tables.csv` has every 2-way table of the group: the unbiased estimate (inversion through the "
+              f"clusters' channels) with its {pct(spec.confidence)} interval" + (", and the adjusted (weighted) table." if v.adjust else "."),
+              ""]
+    return L
+
+
+def group_utility(assignments: list, profile, overall: pd.DataFrame, tables: pd.DataFrame | None) -> list[dict]:
+    """Per group: marginals and 2-way tables, source vs estimate (TVD, interval coverage)."""
+    out = []
+    for a in assignments:
+        ch, gp = a.channel, profile.groups[a.column]
+        if gp.codes is None:  # chunked release: the source's joint cells were never held
+            continue
+        for j, attr in enumerate(ch.attributes):
+            p = np.bincount(gp.codes[:, j], minlength=len(ch.categories[j])) / gp.codes.shape[0]
+            g = overall[overall["variable"] == attr].set_index("category").reindex([str(c) for c in ch.categories[j]])
+            out.append({"group": a.column, "table": attr, "tvd_projected": 0.5 * float(np.abs(g["projected"] - p).sum()),
+                        "tvd_adjusted": None, "coverage": float(np.mean((g["lower"] <= p) & (p <= g["upper"])))})
+        if tables is None or tables.empty:
+            continue
+        for (va, vb), t in tables[tables["group"] == a.column].groupby(["variable_a", "variable_b"], sort=False):
+            ia, ib = ch.attributes.index(va), ch.attributes.index(vb)
+            ka, kb = len(ch.categories[ia]), len(ch.categories[ib])
+            true = np.bincount(gp.codes[:, ia] * kb + gp.codes[:, ib], minlength=ka * kb) / gp.codes.shape[0]
+            ca = {str(c): i for i, c in enumerate(ch.categories[ia])}
+            cb = {str(c): i for i, c in enumerate(ch.categories[ib])}
+            idx = t["category_a"].map(ca).to_numpy() * kb + t["category_b"].map(cb).to_numpy()
+            p = true[idx]
+            out.append({"group": a.column, "table": f"{va} × {vb}",
+                        "tvd_projected": 0.5 * float(np.abs(t["projected"].to_numpy() - p).sum()),
+                        "tvd_adjusted": 0.5 * float(np.abs(t["adjusted"].to_numpy() - p).sum())
+                        if "adjusted" in t else None,
+                        "coverage": float(np.mean((t["lower"].to_numpy() <= p) & (p <= t["upper"].to_numpy())))})
+    return out
+
+
+class Group(Family):
+    kind = "group"
+    channels = ("rr-independent", "rr-joint", "rr-clusters")
+    slot = "groups"
+
+    def text_columns(self, v):
+        return list(v.columns)
+
+    def profile_chunk(self, spec, i, v, df, start, seed):
+        return GroupPart([count_values(df, [c]) for c in v.columns],
+                         df[list(v.columns)] if measured_clusters(v) else None)
+
+    def finish_profile(self, spec, i, v, part: GroupPart) -> GroupProfile:
+        cats, missing = [], {}
+        for j, (c, counts) in enumerate(zip(v.columns, part.counts)):
+            values = sorted(str(x[0]) for x in counts if x[0] is not None)
+            missing[c] = counts.get((None,), 0)
+            if not values:
+                raise spec.error(("variables", i, "columns", j), "every value of this column is missing", c,
+                                 "check the column, or drop it from the group")
+            cats.append(values + ([MISSING] if missing[c] else []))
+        codes = None if part.rows is None else group_codes_of(v, cats, part.rows)
+        return GroupProfile(v.key, tuple(v.columns), cats, codes, missing)
+
+    def choose(self, spec, i, v, profile, seed):
+        how = ("none (channel does not depend on the data)" if v.channel != "rr-clusters" else
+               "public clusters" if v.clustering.public else
+               f"clusters from randomized data (ε = {v.dependence_epsilon:g})")
+        return [Assignment(v.key, NO_STRATUM, (), choose_group(spec, i, v, profile.groups[v.key], seed), how, 0.0)]
+
+    def plan(self, v, profile) -> list[list[str]]:
+        return profile.groups[v.key].categories
+
+    def perturb_chunk(self, plan, i, v, df, start):
+        (a,) = plan.by_column(v.key)
+        ch = a.channel
+        src = group_codes_of(v, plan.variables[v.key], df)
+        z = mr.perturb_group(ch, src, [at_row(plan.seed, (i, 0, PERTURB, c), start) for c in range(len(ch.clusters))])
+        columns = {attr: pd.Categorical.from_codes(z[:, j], categories=list(cats))
+                   for j, (attr, cats) in enumerate(zip(ch.attributes, ch.categories))}
+        stats = GroupStats(
+            [[np.bincount(mr.cell_codes(src, c, ch.sizes), minlength=k),
+              np.bincount(mr.cell_codes(z, c, ch.sizes), minlength=k)] for c, k in zip(ch.clusters, ch.cluster_sizes)],
+            [np.bincount(z[:, j], minlength=s) for j, s in enumerate(ch.sizes)],
+            {(p, q): np.bincount(z[:, p] * ch.sizes[q] + z[:, q], minlength=ch.sizes[p] * ch.sizes[q])
+             for p in range(len(ch.sizes)) for q in range(p + 1, len(ch.sizes))
+             if ch.sizes[p] * ch.sizes[q] <= MAX_PAIR_CELLS},
+            {attr: 0 for attr in ch.attributes})
+        if v.adjust:  # weights over the whole released table: the spec is one chunk (check_streamable)
+            columns[v.weight_column] = w = mr.rr_adjustment(ch, z, warn=False)
+            stats.adjusted = (z, w)
+            stats.missing[v.weight_column] = 0
+        return columns, stats
+
+    def estimates(self, plan, v, assignments, stats, level):
+        return group_marginals(None, assignments[0].channel, level, stats.attributes)
+
+    def tables(self, plan, v, assignments, stats, level):
+        ch, frames = assignments[0].channel, []
+        for (i, j), counts in sorted(stats.pairs.items()):
+            ai, aj = ch.attributes[i], ch.attributes[j]
+            try:
+                t = mr.estimate_table(ch, None, ai, aj, level, counts=counts)
+            except ValueError:  # too many cells for the Kronecker inversion across clusters
+                t = mr.estimate_table(ch, None, ai, aj, level, method="independence", counts=counts)
+            f = pd.DataFrame({
+                "group": v.key, "variable_a": ai, "category_a": t[ai].astype(str).to_numpy(),
+                "variable_b": aj, "category_b": t[aj].astype(str).to_numpy(),
+                "estimate": t["estimate"].to_numpy(), "se": t["se"].to_numpy(), "lower": t["lower"].to_numpy(),
+                "upper": t["upper"].to_numpy(), "projected": t["projected"].to_numpy(),
+                "method": t.attrs.get("method", "unbiased")})
+            if stats.adjusted is not None:  # RR-Adjustment: the weighted released table (one-chunk releases)
+                z, w = stats.adjusted
+                f["adjusted"] = mr.estimate_table(ch, z, ai, aj, level, method="adjusted",
+                                                  weights=w)["estimate"].to_numpy()
+            frames.append(f)
+        return frames
+
+    def declared_columns(self, spec, v, profile, assignments):
+        ch = assignments[0].channel
+        cols = {attr: {"kind": "categorical", "domain": [str(c) for c in cats], "max_missing": 0}
+                for attr, cats in zip(ch.attributes, ch.categories)}
+        if v.adjust:
+            cols[v.weight_column] = {"kind": "numeric", "dtype": "float64", "max_missing": 0, "min": 0.0,
+                                     "max": float(profile.n_rows)}
+        return cols
+
+    def gate_tests(self, spec, v, profile, plan, assignments, stats, level):
+        """Per cluster: the released joint cell counts against K-ary RR applied to the source's cell counts."""
+        ch, tests = assignments[0].channel, []
+        for c, (src, rel), channel in zip(ch.clusters, stats.clusters, ch.channels):
+            res = channel_consistency_test(src.astype(float), rel.astype(float), channel, level=level)
+            res.update(variable=v.key, stratum="cluster " + "+".join(ch.attributes[j] for j in c))
+            tests.append(res)
+        return tests, []
+
+    def missing_rule(self, v):
+        return "a category `<missing>` of its own, randomized like any other"
+
+    def privacy_rows(self, spec, v, assignments):
+        ch = assignments[0].channel
+        post = " | ".join(f"{100 * h_gamma(p, ch.gamma):.1f}%" for p in PRIORS_FOR_REPORT)
+        return [f"| `{v.key}` (group) | {v.channel} | 1 | {ch.epsilon:.4g} | {ch.gamma:.4g} | "
+                f"{len(ch.clusters)} clusters | {assignments[0].prior} | {post} |"]
+
+    def report_section(self, spec, entries, numeric_summary):
+        return report_section(spec, [a for _, alist in entries for a in alist])
+
+    def describe(self, v, assignments):
+        return f"{v.channel}: {len(assignments[0].channel.clusters)} clusters"
+
+    def check_line(self, a):
+        c = a.channel
+        cl = " | ".join("+".join(x.variables) for x in c.channels)
+        return (f"{a.column[:18]:<18} {'all':<22} {'group':>5} {c.epsilon:>8.4g} {c.gamma:>8.4g} {'':>9}  "
+                f"{c.method}: {cl} (dependence ε {c.epsilon_dependence:.3g})")
+
+    internal_key = "groups"
+
+    def source_missing(self, v, profile):
+        return int(sum(profile.groups[v.key].missing.values()))
+
+    def internal_section(self, spec, entries, profile, overall, stats, tables, curves, summary):
+        grp = group_utility([a for _, alist in entries for a in alist], profile, overall, tables)
+        if not grp:
+            return [], grp
+        L = ["## Groups: source vs estimate", "",
+             "| group | table | TVD unbiased (projected) | TVD adjusted (weighted) | "
+             f"{pct(spec.confidence)} interval coverage |", "|---|---|---|---|---|"]
+        for u in grp:
+            adj = "—" if u["tvd_adjusted"] is None else f"{u['tvd_adjusted']:.4f}"
+            L.append(f"| `{u['group']}` | {u['table']} | {u['tvd_projected']:.4f} | {adj} | "
+                     f"{100 * u['coverage']:.0f}% |")
+        return L + [""], grp
+
+    def channel_entries(self, spec, v, assignments):
+        (a,) = assignments
+        d = a.channel.to_dict()
+        d.update(variable=a.column, variables=list(a.channel.attributes), stratum="all", strata_columns=[],
+                 stratum_key=[], prior=a.prior, prior_epsilon=0.0, adjust=v.adjust,
+                 weight_column=v.weight_column if v.adjust else None,
+                 convention_group="each cluster is K-ary RR on the product of its attributes' categories "
+                                  "(cells in row-major order, first attribute most significant): keep the "
+                                  "true cell w.p. keep, else each other cell w.p. move_each")
+        return [d]
+
+
+FAMILY = Group()

@@ -1,0 +1,438 @@
+"""Continuous variables: two-sided Gamma noise (gamma-noise; laplace-noise is shape 1), Z = X + Y.
+
+Profile: a bottom-k uniform sample of the values (the noise is chosen on it). Statistics of a chunk:
+exact power sums of the released values (mean and variance over every row), extremes, how many rows
+changed missingness, and the (source, released) pairs of the row sample (the gate's consistency test).
+Curves are deconvolved from the release's row sample.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+from pram_lib.channels import gamma as g
+from pram_lib.channels.gamma import PROTECTION_TOLERANCE
+from pram_lib.deconvolve import bootstrap_band
+from pram_lib.families.base import Family, exact, fmt_num, pct
+from pram_lib.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
+from pram_lib.validate import noise_consistency_test
+from pram_lib.randomness import ExactSums, per_row, uniforms
+
+PERTURB, SKETCH = 0, 4   # randomness key purposes: the noise, the pass-1 sample
+
+if TYPE_CHECKING:
+    from pram_lib.spec import ReleaseSpec
+
+
+def _bottom_k(keys: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if keys.size <= k:
+        return keys, values
+    idx = np.argpartition(keys, k - 1)[:k]
+    return keys[idx], values[idx]
+
+
+@dataclass
+class NumericSketch:
+    """Count, missing and a bottom-k uniform sample (row-addressed random keys) of a continuous variable,
+    on the release scale."""
+
+    k: int
+    n: int = 0
+    missing: int = 0
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0))
+    values: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+    def __add__(self, o: "NumericSketch") -> "NumericSketch":
+        keys, vals = _bottom_k(np.concatenate([self.keys, o.keys]), np.concatenate([self.values, o.values]), self.k)
+        order = np.argsort(keys, kind="stable")
+        return NumericSketch(self.k, self.n + o.n, self.missing + o.missing, keys[order], vals[order])
+
+
+@dataclass
+class NoiseStats:
+    sums: ExactSums
+    missing: dict[str, int]
+    extremes: dict[str, tuple[float, float]]
+    missing_changed: int = 0
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] = ()   # (source rows, source, released) of the row sample
+
+    def __add__(self, o: "NoiseStats") -> "NoiseStats":
+        (c, (lo, hi)), = self.extremes.items()
+        olo, ohi = o.extremes[c]
+        at, x, z = (np.concatenate([p, q]) for p, q in zip(self.pairs, o.pairs))
+        order = np.argsort(at, kind="stable")   # source-row order, whatever order chunks were folded in
+        return NoiseStats(self.sums + o.sums, {c: self.missing[c] + o.missing[c]},
+                          {c: (min(lo, olo), max(hi, ohi))}, self.missing_changed + o.missing_changed,
+                          (at[order], x[order], z[order]))
+
+
+def central(sums: ExactSums) -> tuple[int, float, float, float]:
+    """(n, mean, m2 unbiased, m4) of a column, from its exact power sums."""
+    n, (s1, s2, s3, s4) = sums.finish()
+    m = s1 / n
+    m2 = (s2 - n * m * m) / (n - 1)
+    m4 = (s4 - 4 * m * s3 + 6 * m * m * s2 - 3 * n * m ** 4) / n
+    return n, sums.shift + m, m2, m4
+
+
+THETA_STEP = 0.05
+
+
+def choose_noise(spec, i: int, v, np_: NumericProfile):
+    """Two-sided Gamma noise for a continuous variable: fixed (ϑ, η), or optimised for the protection level."""
+    x = np_.values[~np.isnan(np_.values)]
+    atoms = [float(a) for a in to_release_scale(np.asarray(v.point_masses, dtype=float), v.transform)]
+    Q, delta = v.level.Q, v.level.delta
+    if v.eta is not None:
+        theta = 1.0 if v.channel == "laplace-noise" else (v.theta if v.theta is not None else 1.0)
+        ch = g.fixed_gamma_noise(theta, v.eta, variables=(v.column,))
+        try:
+            reached = g.protection_reached(x, theta, v.eta, Q, delta, resolution=v.resolution,
+                                           point_masses=atoms or None,
+                                           point_mass_mode="exclude" if atoms else "as_is")
+        except ValueError as exc:
+            raise spec.error(("variables", i, "column"), f"cannot measure the protection of the noise: {exc}",
+                             v.column, "check the column's values (at least two distinct non-missing values)"
+                             ) from None
+        if not reached["met"] and not v.accept_lower_protection:
+            found = {"sup_M_reached": round(reached["sup_M"], 4), "theta": theta, "eta": v.eta}
+            raise spec.error(
+                ("variables", i, "eta"), f"the fixed noise (theta = {theta:g}, eta = {v.eta:g}) does not reach the "
+                f"required protection level: sup_z P(|X - Z| < {Q:g}*sd(X) | Z = z) on the source must be at most "
+                f"delta = {delta:g}, and it is higher (the level reached is under `found`); the released values "
+                "would pin the true ones down", found,
+                "drop `theta:`/`eta:` to let the optimiser choose the noise for the level, raise `eta:`, or say "
+                "`accept_lower_protection: true` to release with the lower protection (channels.json then shows "
+                "the level reached)")
+        ch.details.update(Q=Q, delta=delta, sup_M_at_choice=reached["sup_M"], sigma_x=reached["sigma_x"],
+                          protection_met=reached["met"], accept_lower_protection=v.accept_lower_protection,
+                          differential_privacy=False)
+        if "as_is_sup_M" in reached:
+            ch.details["as_is_sup_M_at_choice"] = reached["as_is_sup_M"]
+        return ch
+    if v.channel == "laplace-noise":
+        grid = [1.0]
+    elif v.theta is not None:
+        grid = [v.theta]
+    else:
+        k0 = max(1, math.ceil(v.theta_min / THETA_STEP - 1e-9))
+        grid = [round(THETA_STEP * k, 10) for k in range(k0, int(round(1 / THETA_STEP)) + 1)]
+    try:
+        ch = g.choose_gamma_noise(x, Q, delta, grid, variables=(v.column,), resolution=v.resolution,
+                                  point_masses=atoms or None, point_mass_mode="exclude" if atoms else "as_is")
+    except g.InfeasibleProtectionError as exc:
+        raise spec.error(("variables", i), f"no noise meets the protection level: {exc}", v.column,
+                         "lower `protection.delta`, raise `protection.Q`, use `transform: log1p` for a skewed "
+                         "variable, or list its heavy values under `point_masses:`") from None
+    return ch
+
+
+def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment], spec: ReleaseSpec,
+                           level: float = 0.95, B: int = 200, nx: int = 256) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per continuous variable: Ĝ and ĝ on a grid with bootstrap bands, and the estimated mean and sd of X.
+
+    Only the released values and the published noise law are used, so an analyst gets the same
+    numbers (the bootstrap stream is keyed by the column name, not by the secret seed).
+    """
+    curves, summary = [], []
+    for a in assignments:
+        v = next(x for x in spec.variables if x.column == a.column)
+        z = released[a.column].to_numpy(dtype=float)
+        z = z[~np.isnan(z)]
+        ch = a.channel
+        lo, hi = np.quantile(z, [0.002, 0.998])
+        if v.bounds is not None:
+            b = to_release_scale(np.asarray(v.bounds, dtype=float), v.transform)
+            lo, hi = max(lo, b[0]), min(hi, b[1])
+        rng = np.random.default_rng(zlib.crc32(a.column.encode()))
+        band = bootstrap_band(z, ch.theta, ch.eta, np.linspace(lo, hi, nx), B=B, level=level, rng=rng)
+        curves.append(pd.DataFrame({
+            "variable": a.column, "scale": v.transform if v.transform != "none" else "identity",
+            "x": band.x, "x_original": from_release_scale(band.x, v.transform),
+            "density": band.density, "density_lower": band.density_lower, "density_upper": band.density_upper,
+            "cdf": band.cdf, "cdf_lower": band.cdf_lower, "cdf_upper": band.cdf_upper,
+            "cdf_band_lower": band.cdf_sim_lower, "cdf_band_upper": band.cdf_sim_upper,
+            "bandwidth": band.bandwidth,
+        }))
+        n = z.size
+        var_y = ch.variance
+        m2 = float(np.var(z, ddof=1))
+        m4 = float(np.mean((z - z.mean()) ** 4))
+        var_x = m2 - var_y
+        z975 = float(norm.ppf(0.5 + level / 2.0))   # the interval's quantile at `level` (1.96 at 0.95)
+        se_mean = math.sqrt(m2 / n)
+        se_var = math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
+        summary.append({"variable": a.column, "scale": v.transform if v.transform != "none" else "identity",
+                        "n": n, "mean": float(z.mean()), "mean_se": se_mean,
+                        "mean_lower": float(z.mean()) - z975 * se_mean, "mean_upper": float(z.mean()) + z975 * se_mean,
+                        "var": var_x, "var_se": se_var, "sd": math.sqrt(var_x) if var_x > 0 else float("nan"),
+                        "noise_var": var_y, "bandwidth": band.bandwidth, "bootstrap_replicates": B,
+                        "level": level})
+    cols = ["variable", "scale", "x", "x_original", "density", "density_lower", "density_upper", "cdf", "cdf_lower",
+            "cdf_upper", "cdf_band_lower", "cdf_band_upper", "bandwidth"]
+    return (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=cols),
+            pd.DataFrame(summary))
+PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
+
+
+def noise_entry(spec: ReleaseSpec, a: Assignment) -> dict:
+    """The published noise law. The chooser's diagnostics (σ̂ of the source, the constraint curve, shares
+    of point masses) are source statistics: they go to the internal report only."""
+    v = next(x for x in spec.variables if x.column == a.column)
+    d = a.channel.to_dict()
+    details = d.pop("details", {})
+    d["protection"] = {k: details[k] for k in PUBLIC_NOISE_DETAILS if k in details}
+    d["protection"].setdefault("Q", v.level.Q)
+    d["protection"].setdefault("delta", v.level.delta)
+    d["protection"]["measure"] = ("sup over a finite z-set of P(|X - Z| < Q*sd(X) | Z = z) <= delta, "
+                                  "computed on the source (Ghatak, Sengupta & Roy); NOT differential privacy")
+    d["protection"].update(_protection_reached(v, details, d["protection"]["delta"]))
+    d["theta_grid"] = details.get("curve", {}).get("theta")
+    d.update(variable=a.column, stratum="all", strata_columns=[], stratum_key=[], prior=a.prior, prior_epsilon=0.0,
+             scale=v.transform if v.transform != "none" else "identity",
+             released_value=("log1p(x) + Y" if v.transform == "log1p" else "x + Y") +
+             ", Y ~ two-sided Gamma(shape theta, scale eta): density |y|^(theta-1) exp(-|y|/eta) / "
+             "(2 Gamma(theta) eta^theta)",
+             point_masses=list(v.point_masses), missing="missing values stay missing")
+    return d
+
+
+def _protection_reached(v, details: dict, delta: float) -> dict:
+    """The level the published noise actually reaches (the measured sup posterior mass) next to the one
+    required. Rounded: the measure is computed on the source."""
+    sup = details.get("sup_M_at_choice")
+    if sup is None:
+        return {"delta_required": delta, "sup_M_reached": None, "level_met": None}
+    out = {"delta_required": delta, "sup_M_reached": round(float(sup), 4),
+           "level_met": bool(sup <= delta + PROTECTION_TOLERANCE),
+           "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection)}
+    if "as_is_sup_M_at_choice" in details:
+        out["scope"] = "records not at a listed point mass (the noise is added to every record)"
+        out["sup_M_reached_all_records"] = round(float(details["as_is_sup_M_at_choice"]), 2)
+    return out
+
+
+
+def numeric_column(spec, i: int, v, col: pd.Series) -> pd.Series:
+    """A continuous variable as float64 (NaN = missing); non-numbers, ±inf and out-of-bounds values are errors."""
+    x = pd.to_numeric(col, errors="coerce").astype("float64")
+    bad = x.isna() & col.notna()
+    if bad.any():
+        raise spec.error(("variables", i, "column"), f"{int(bad.sum())} values are not numbers",
+                         col[bad].astype(str).unique()[:5].tolist(), "clean the column or declare it categorical")
+    arr = x.to_numpy()
+    if np.isinf(arr).any():
+        raise spec.error(("variables", i, "column"), f"{int(np.isinf(arr).sum())} values are infinite", v.column,
+                         "replace them by finite values or mark them missing")
+    if v.bounds is not None:
+        lo, hi = v.bounds
+        out = (arr < lo) | (arr > hi)
+        if out.any():
+            raise spec.error(("variables", i, "bounds"), f"{int(out.sum())} values lie outside the declared bounds",
+                             list(v.bounds), "widen `bounds:` (they are public) or clean the data")
+    if v.transform == "log1p" and np.nanmin(arr) < 0:
+        raise spec.error(("variables", i, "transform"), "log1p needs values >= 0", v.column,
+                         "use `transform: none`, or shift the variable")
+    return x
+
+
+def noise_column(v, profile, channel) -> dict:
+    """A noised column: numeric, same missing values; inside the public bounds widened by the noise's
+    1e-9/n tail quantile when bounds are declared, else merely finite."""
+    n = max(profile.n_rows, 1)
+    decl = {"kind": "numeric", "dtype": "float64", "max_missing": profile.numeric[v.column].missing,
+            "min": -np.finfo(float).max, "max": np.finfo(float).max}
+    if v.bounds is not None:
+        lo, hi = to_release_scale(np.asarray(v.bounds, dtype=float), v.transform)
+        tail = float(channel.noise.isf(1e-9 / n))
+        decl.update(min=float(lo) - tail, max=float(hi) + tail)
+    return decl
+
+
+def report_section(spec, noise: list, summary: pd.DataFrame | None) -> list[str]:
+    L = ["## Continuous variables: additive two-sided Gamma noise", "",
+         "Each continuous value is released as Z = X + Y, Y drawn independently from the published two-sided "
+         "Gamma law (shape ϑ, scale η; ϑ = 1 is Laplace noise). The noise was chosen so that, for every released "
+         "value z on a fine grid, the probability that the true value lies within Q·sd(X) of z is at most δ "
+         "(the Ghatak–Sengupta–Roy confidentiality measure, computed on the source); among the (ϑ, η) meeting "
+         "that level, the one with the smallest deconvolution variance was taken.", "",
+         "**What this does not give: differential privacy.** The measure is an average over the data, not a "
+         "worst case for one person; it is calibrated on the confidential values themselves (so η reflects their "
+         "spread), and it bounds only how closely a value can be pinned down, not whether a person with an "
+         "unusual value can be recognised. These variables spend no ε and are not in the budget above; treat "
+         "them as protected by noise, not by a formal privacy guarantee.", "",
+         "| variable | channel | ϑ | η | noise sd | protection | scale | point masses |", "|---|---|---|---|---|---|---|---|"]
+    for a in noise:
+        v = next(x for x in spec.variables if x.column == a.column)
+        ch = a.channel
+        pm = ", ".join(f"{p:g}" for p in v.point_masses) or "—"
+        prot = f"Q = {v.level.Q:g}, δ = {v.level.delta:g}" if v.eta is None else "fixed η (level not targeted)"
+        L.append(f"| `{a.column}` | {v.channel} | {ch.theta:.4g} | {ch.eta:.4g} | {math.sqrt(ch.variance):.4g} | "
+                 f"{prot} | {v.transform if v.transform != 'none' else 'as is'} | {pm} |")
+    L.append("")
+    for a in noise:
+        v = next(x for x in spec.variables if x.column == a.column)
+        if v.transform == "log1p":
+            L += [f"- `{a.column}` is released on the log scale: the column holds log(1 + x) + Y; "
+                  "back-transform estimates with exp(·) − 1 (`x_original` in `distributions.csv`)."]
+        if v.point_masses:
+            L += [f"- `{a.column}` has values held by many records ({', '.join(f'{p:g}' for p in v.point_masses)}). "
+                  "No additive noise can hide membership of such a point mass when it holds more than δ of the "
+                  "records, so the level was computed on the other records (the continuous part) and the noise was "
+                  "then added to every record, the point mass included. The noised values of those records still "
+                  "cluster around the point mass: treat whether a record sits on it as effectively disclosed."]
+        if v.resolution:
+            L += [f"- `{a.column}` is recorded in steps of {v.resolution:g}; the measure treats each value as "
+                  "spread uniformly over its step (otherwise ties make it meaningless for ϑ < 1)."]
+    if summary is not None and not summary.empty:
+        L += ["", "Estimated moments of the true variables (release scale):", "",
+              f"| variable | mean ({pct(spec.confidence)} CI) | sd | noise sd |", "|---|---|---|---|"]
+        for r in summary.itertuples():
+            L.append(f"| `{r.variable}` | {r.mean:.4g} ({r.mean_lower:.4g}, {r.mean_upper:.4g}) | "
+                     f"{r.sd:.4g} | {math.sqrt(r.noise_var):.4g} |")
+    return L + [""]
+
+
+def noise_utility(assignments: list, profile, curves: pd.DataFrame | None,
+                  summary: pd.DataFrame | None) -> list[dict]:
+    out = []
+    if curves is None or curves.empty:
+        return out
+    for a in assignments:
+        g = curves[curves["variable"] == a.column]
+        x = profile.numeric[a.column].values
+        x = np.sort(x[~np.isnan(x)])
+        F = np.searchsorted(x, g["x"].to_numpy(), side="right") / x.size
+        srow = summary.set_index("variable").loc[a.column] if summary is not None and not summary.empty else None
+        det = a.channel.details
+        out.append({
+            "variable": a.column,
+            "ks_distance": float(np.max(np.abs(g["cdf"].to_numpy() - F))),
+            "pointwise_coverage": float(np.mean((g["cdf_lower"].to_numpy() <= F) & (F <= g["cdf_upper"].to_numpy()))),
+            "simultaneous_covers": bool(np.all((g["cdf_band_lower"].to_numpy() <= F) &
+                                               (F <= g["cdf_band_upper"].to_numpy()))),
+            "mean_source": float(x.mean()), "sd_source": float(x.std(ddof=1)),
+            "mean_estimate": float(srow["mean"]) if srow is not None else float("nan"),
+            "sd_estimate": float(srow["sd"]) if srow is not None else float("nan"),
+            "noise_sd": math.sqrt(a.channel.variance),
+            "sup_M_at_choice": fmt_num(det.get("sup_M_at_choice")),
+            "sigma_x": fmt_num(det.get("sigma_x")),
+            "chooser_details": det,
+        })
+    return out
+
+
+class Noise(Family):
+    kind = "continuous"
+    channels = ("gamma-noise", "laplace-noise")
+    slot = "numeric"
+
+    def clean(self, spec, i, v, df):
+        df[v.column] = numeric_column(spec, i, v, df[v.column])
+
+    def profile_chunk(self, spec, i, v, df, start, seed):
+        x = to_release_scale(df[v.column].to_numpy(dtype=float), v.transform)
+        present = ~np.isnan(x)
+        keys = uniforms(seed, (i, 0, SKETCH), start, x.size)[present]
+        keys, vals = _bottom_k(keys, x[present], spec.engine.sample_rows)
+        order = np.argsort(keys, kind="stable")   # key order, as a fold of chunks leaves it
+        return NumericSketch(spec.engine.sample_rows, len(x), int(x.size - present.sum()), keys[order], vals[order])
+
+    def finish_profile(self, spec, i, v, part: NumericSketch) -> NumericProfile:
+        if part.missing == part.n:
+            raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
+                             "check the column, or drop the variable from the spec")
+        return NumericProfile(v.column, part.values, v.transform, part.missing)
+
+    def choose(self, spec, i, v, profile, seed):
+        return [Assignment(v.column, NO_STRATUM, (), choose_noise(spec, i, v, profile.numeric[v.column]),
+                           "data (eta is calibrated on the raw values)" if v.eta is None else "none (fixed)", 0.0)]
+
+    def plan(self, v, profile) -> float:
+        """The centre of the power sums: the pass-1 sample mean."""
+        values = profile.numeric[v.column].values
+        return float(np.mean(values)) if values.size else 0.0
+
+    def perturb_chunk(self, plan, i, v, df, start):
+        (a,) = plan.by_column(v.column)
+        x = to_release_scale(df[v.column].to_numpy(dtype=float), v.transform)
+        z = x + per_row(plan.seed, (i, 0, PERTURB), start, x.size, lambda rng, m: a.channel.noise.rvs(m, rng))
+        live = z[~np.isnan(z)]
+        keep = plan.sample_rows(start, len(df))
+        stats = NoiseStats(ExactSums.of(z, plan.variables[v.key], start), {v.column: int(np.isnan(z).sum())},
+                           {v.column: (float(live.min()), float(live.max())) if live.size else (math.inf, -math.inf)},
+                           int((np.isnan(x) != np.isnan(z)).sum()), (start + np.flatnonzero(keep), x[keep], z[keep]))
+        return {v.column: z}, stats
+
+    def continuous(self, plan, v, assignments, stats, sample, level):
+        (a,) = assignments
+        curves, summary = estimate_distributions(sample, [a], plan.spec, level)
+        row = summary.iloc[0].to_dict()
+        n, mean, m2, m4 = central(stats.sums)
+        z = float(norm.ppf(0.5 + level / 2))
+        se_mean, se_var = math.sqrt(m2 / n), math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
+        var_x = m2 - a.channel.variance
+        row.update(n=n, mean=mean, mean_se=se_mean, mean_lower=mean - z * se_mean, mean_upper=mean + z * se_mean,
+                   var=var_x, var_se=se_var, sd=math.sqrt(var_x) if var_x > 0 else float("nan"),
+                   curve_sample_rows=int(np.sum(~np.isnan(sample[a.column].to_numpy(dtype=float)))))
+        return curves, row
+
+    def declared_columns(self, spec, v, profile, assignments):
+        return {v.column: noise_column(v, profile, assignments[0].channel)}
+
+    def gate_tests(self, spec, v, profile, plan, assignments, stats, level):
+        (a,) = assignments
+        checks = [exact("missing values kept", False, f"{a.column}: {stats.missing_changed} rows changed "
+                        "missingness", a.column)] if stats.missing_changed else []
+        res = noise_consistency_test(stats.pairs[1], stats.pairs[2], a.channel, level=level)
+        res.update(variable=a.column, stratum=a.stratum_label, scope="row sample")
+        return [res], checks
+
+    def channel_entries(self, spec, v, assignments):
+        return [noise_entry(spec, a) for a in assignments]
+
+    def missing_rule(self, v):
+        return "released as missing, without noise"
+
+    def describe(self, v, assignments):
+        ch = assignments[0].channel
+        return f"two-sided gamma theta={ch.theta:.4g} eta={ch.eta:.4g}"
+
+    def check_line(self, a):
+        c = a.channel
+        return (f"{a.column:<18} {'all':<22} {'cont':>5} {'not DP':>8} {'':>8} {'':>9}  two-sided gamma "
+                f"theta={c.theta:.4g} eta={c.eta:.4g} (noise sd {math.sqrt(c.variance):.4g}), {c.method}")
+
+    def report_section(self, spec, entries, numeric_summary):
+        return report_section(spec, [a for _, alist in entries for a in alist], numeric_summary)
+
+    internal_key = "continuous"
+
+    def source_missing(self, v, profile):
+        return int(profile.numeric[v.column].missing)
+
+    def internal_section(self, spec, entries, profile, overall, stats, tables, curves, summary):
+        numeric = noise_utility([a for _, alist in entries for a in alist], profile, curves, summary)
+        if not numeric:
+            return [], numeric
+        L = ["## Continuous variables: source vs deconvolution estimate (release scale)", "",
+             "| variable | sup abs(Ĝ − F_source) | pointwise band covers F_source | simultaneous band covers | "
+             "mean source / est. | sd source / est. | sd noise | sup M̂ at choice | chooser's σ̂_X |",
+             "|---|---|---|---|---|---|---|---|---|"]
+        for u in numeric:
+            L.append(f"| `{u['variable']}` | {u['ks_distance']:.4f} | {100 * u['pointwise_coverage']:.0f}% | "
+                     f"{u['simultaneous_covers']} | {u['mean_source']:.4g} / {u['mean_estimate']:.4g} | "
+                     f"{u['sd_source']:.4g} / {u['sd_estimate']:.4g} | {u['noise_sd']:.4g} | "
+                     f"{u['sup_M_at_choice']} | {u['sigma_x']} |")
+        L += ["", "Chooser diagnostics (confidential: they use the source) are in `internal.json`.", ""]
+        return L, numeric
+
+
+FAMILY = Noise()
