@@ -10,12 +10,12 @@ RR_RUNS ?= 50
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml pram_lib/_fastpath.c
+$(STAMP): requirements.txt constraints.txt pyproject.toml pram_lib/core/_fastpath.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-compile -r requirements.txt -c constraints.txt
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null    # bytecode on every core (pip's is serial)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
-	$(BIN)/python -m pram_lib.fastpath    # the C kernel for family-(8) perturbation (cc; optional at run time)
+	$(BIN)/python -m pram_lib.core.fastpath    # the C kernel for family-(8) perturbation (cc; optional at run time)
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -51,4 +51,4 @@ bench-extra: $(STAMP)
 	$(BIN)/python -m benchmarks.rr_clusters_experiment --runs $(RR_RUNS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info $(BENCH_SITE) pram_lib/_fastpath.so
+	rm -rf $(VENV) .pytest_cache build *.egg-info $(BENCH_SITE) pram_lib/core/_fastpath.so

@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.bench_binning``. Writes ``benchmarks/results/binning
 
 Per sample size: wall time (median of 3) of ``bootstrap_band`` (B = 200, 256-point grid between the
 0.2% and 99.8% quantiles, which computes the central ``deconvolve`` estimate inside it) called exactly as
-``pram_lib.release.estimate_distributions`` calls it (also the path of ``stream.continuous_totals`` on the
+``pram_lib.pipeline.release.estimate_distributions`` calls it (also the path of ``stream.continuous_totals`` on the
 row sample), under two rules for binning Z in φ̂:
 
 * before: the old fixed threshold, exact φ̂ over all n records up to 200,000, binned (width b/64) above;
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.results_io import median_time
-from pram_lib import deconvolve as dc
+from pram_lib.channels import deconvolve as dc
 from pram_lib.channels import gamma as gm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "binning.txt"

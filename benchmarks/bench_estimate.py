@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from benchmarks.results_io import measured_note, median_time, sig, write_section
-from pram_lib.channel import Channel
-from pram_lib.estimate import _mle, _ops, em_mle, estimate_distribution, project_to_simplex
+from pram_lib.core.channel import Channel
+from pram_lib.core.estimate import _mle, _ops, em_mle, estimate_distribution, project_to_simplex
 
 N = 10**6
 REPS = 3

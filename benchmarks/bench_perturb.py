@@ -40,11 +40,11 @@ import numpy as np
 from scipy import stats
 
 from benchmarks.results_io import measured_note, median_time, sig, write_section
-from pram_lib import fastpath
+from pram_lib.core import fastpath
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.gamma import fixed_gamma_noise
 from pram_lib.channels.rr import uniform_rr
-from pram_lib.perturb import CHUNK, sample_dense, sample_keep_uniform
+from pram_lib.core.perturb import CHUNK, sample_dense, sample_keep_uniform
 
 N = 10**7  # values per timed call of our kernels
 N_PEER = 10**5  # values per timed call of the per-value peer clients
@@ -270,7 +270,7 @@ def main() -> None:
         "fresh output (allocated and faulted in by the call) against rng.random(n). The kernels also read n int64 "
         "codes; the raw draws do not. Other families: rng.random(out=buf) as above; gamma noise: "
         "rng.standard_gamma(theta, out=buf) (signs, scale and addition excluded).",
-        "The family-(8) kernel (pram_lib/_fastpath.c) steps numpy's PCG64 itself, four states apart, and produces "
+        "The family-(8) kernel (pram_lib/core/_fastpath.c) steps numpy's PCG64 itself, four states apart, and produces "
         "exactly rng.random's numbers and final state (checked when the library loads, and by tests); numpy steps it "
         "one value at a time behind a function pointer. Raw draws of the same numbers, M/s: " + "; ".join(
             f"S={s}: " + ", ".join(f"{k.replace(', ', ' ')} {v:.0f}" for k, v in keep_rates[s].items()

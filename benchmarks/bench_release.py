@@ -122,7 +122,7 @@ def run_release(spec: Path, engine: str, env: dict) -> dict:
 
 
 def _perturb_run(plan, refs) -> float:
-    from pram_lib import stream
+    from pram_lib.pipeline import stream
 
     t = time.perf_counter()
     stream.perturb_batch(plan, [(r, r) for r in refs])
@@ -136,7 +136,7 @@ def parallel_ceiling(source: Path, work: Path, k: int = 4) -> tuple[float, float
     import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
-    from pram_lib import release, stream
+    from pram_lib.pipeline import release, stream
     from pram_lib.spec import load_spec
 
     work.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from pram_lib import deconvolve as dc
+from pram_lib.channels import deconvolve as dc
 from pram_lib.channels import gamma as gm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gamma_simulation.txt"

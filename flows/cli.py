@@ -21,10 +21,10 @@ def _api_url(port: int) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pram_lib import release, stream
-    from pram_lib.audit import sha256_file
+    from pram_lib.pipeline import release, stream
+    from pram_lib.ops.audit import sha256_file
     from pram_lib.families import family_of
-    from pram_lib.guarantee import NotDP
+    from pram_lib.core.guarantee import NotDP
     from pram_lib.spec import SpecError, load_spec
 
     try:
@@ -61,10 +61,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if public:
         print(f"public variables (epsilon = inf accepted, not in the budget): {', '.join(public)}")
     if spec.population is not None:
-        from pram_lib.ledger import ledger_for
+        from pram_lib.ops.ledger import ledger_for
         from pram_lib.spec import ledger_bound
 
-        try:  # the population may be registered to another ledger (pram_lib.ledger.PopulationRegistry)
+        try:  # the population may be registered to another ledger (pram_lib.ops.ledger.PopulationRegistry)
             pop, ledger = spec.population, ledger_for(spec)
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -243,9 +243,9 @@ EXIT_FAIL, EXIT_AUDIT_NOT_CHECKED, EXIT_WARN = 1, 3, 4
 def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0: every check OK; 1: a check FAILed; 3: AUDIT NOT CHECKED (no audit log given or found);
     4: no failure, but a WARNing (e.g. the audit log has no head file yet)."""
-    from pram_lib.audit import LOCAL_LIMIT
+    from pram_lib.ops.audit import LOCAL_LIMIT
     from pram_lib.spec import SpecError
-    from pram_lib.verify import audit_for_spec, find_audit, verify_release
+    from pram_lib.ops.verify import audit_for_spec, find_audit, verify_release
 
     folder = Path(args.release)
     audit, how = None, ""

@@ -9,7 +9,7 @@ from typing import Literal
 
 from prefect import flow
 
-from pram_lib import stream
+from pram_lib.pipeline import stream
 from pram_lib.spec import check_streamable
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, fixed_seed  # noqa: F401 (the gate's refusal)
 from tasks.release_tasks import (choose_channels_task, estimate_task, finish_profile_task, internal_report_task,

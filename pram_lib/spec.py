@@ -725,7 +725,7 @@ def _check_custom(spec: ReleaseSpec, i: int, v: VariableSpec) -> None:
             raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) sums to "
                              f"{row.sum():.12g}, not 1", row.tolist(),
                              "each row is P(released | true) and must sum to 1")
-    from pram_lib.channel import dense_epsilon
+    from pram_lib.core.channel import dense_epsilon
 
     if not v.public and math.isinf(dense_epsilon(m)):
         raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
@@ -756,7 +756,7 @@ def static_budget(spec: ReleaseSpec) -> float:
     """ε per record known before reading data: Σ over variables (sequential composition)."""
     import numpy as np
 
-    from pram_lib.channel import dense_epsilon
+    from pram_lib.core.channel import dense_epsilon
 
     total = 0.0
     for v in spec.variables:

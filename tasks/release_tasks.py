@@ -20,9 +20,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pram_lib import audit, journal, ledger, publish, release, stream
+from pram_lib.ops import audit, journal, ledger
+from pram_lib.pipeline import publish, release, stream
 from pram_lib.families import family_of
-from pram_lib.guarantee import NotDP
+from pram_lib.core.guarantee import NotDP
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, quiet_step_failures
 

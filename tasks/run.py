@@ -16,8 +16,10 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from pram_lib import __version__, audit, publish, release
-from pram_lib.audit import utc_now
+from pram_lib import __version__
+from pram_lib.ops import audit
+from pram_lib.pipeline import publish, release
+from pram_lib.ops.audit import utc_now
 from tasks.privacy import StepFailed, current_fixed_seed
 from tasks.release_tasks import audit_task, finish_run_task, hand_over_journal, release_key, settle_budget_task
 
@@ -190,7 +192,7 @@ class ReleaseRun:
         return "\n".join(lines) + "\n"
 
     def _ledger_line(self) -> str:
-        from pram_lib.ledger import ledger_for
+        from pram_lib.ops.ledger import ledger_for
 
         try:
             ledger, pop = ledger_for(self.spec), self.spec.population

@@ -1,3 +1,6 @@
+"""Shared fixtures of tests/unit, tests/contract and tests/system: a hermetic Prefect home, a fresh
+population registry per module and test, and the session's Prefect server."""
+
 import os
 import socket
 import subprocess
@@ -19,6 +22,8 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["PRAM_RELEASE_HOME"] = tempfile.mkdtemp(prefix="pram-release-home-")
 
 ROOT = Path(__file__).resolve().parent.parent
+# Tests live in unit/, contract/ and system/; their shared helpers (synth.py, fault_runner.py) live here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(autouse=True, scope="module")

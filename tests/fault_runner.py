@@ -1,4 +1,4 @@
-"""Fault injection driver (run as a subprocess by tests/test_faults.py; not a test module).
+"""Fault injection driver (run as a subprocess by tests/system/test_faults.py; not a test module).
 
 It imports the flow once, then for every case forks a child that installs one fault and runs the
 release flow against the server in PREFECT_API_URL, waits for it (an exception, a SIGKILL, a full
@@ -153,8 +153,8 @@ def warm_up() -> None:
     import flows.release  # noqa: F401
     import prefect.flow_engine  # noqa: F401
     import prefect.task_engine  # noqa: F401
-    from pram_lib import publish
-    from pram_lib.validate import validate_table
+    from pram_lib.pipeline import publish
+    from pram_lib.core.validate import validate_table
 
     with tempfile.TemporaryDirectory() as tmp:
         df = pd.DataFrame({"x": pd.Categorical(["a", "b"] * 5)})

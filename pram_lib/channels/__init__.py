@@ -1,1 +1,1 @@
-"""Channel families: each module builds a `pram_lib.channel.Channel`."""
+"""Channel families: each module builds a `pram_lib.core.channel.Channel`."""

@@ -5,7 +5,7 @@ The data custodian releases ``Z = X + Y`` with ``Y`` i.i.d. two-sided Gamma(ϑ, 
     f(y) = |y|^(ϑ-1) exp(-|y|/η) / (2 Γ(ϑ) η^ϑ),      ϑ = 1 is the Laplace law,
 
 and publishes (ϑ, η). The analyst recovers the density/CDF of ``X`` by deconvolution
-(:mod:`pram_lib.deconvolve`). Section numbers (§) below refer to ``shared/reference/gamma_noise.md``.
+(:mod:`pram_lib.channels.deconvolve`). Section numbers (§) below refer to ``shared/reference/gamma_noise.md``.
 
 **Protection measure (§2.2).** For a threshold ε (in units of σ_X),
 ``M_{z,ε} = P(|X - Z| < ε σ_X | Z = z)``; ``μ^(f,δ) = inf{ε : sup_z M_{z,ε} ≥ δ}``. The empirical
@@ -52,11 +52,11 @@ import numpy as np
 from scipy import fft as sfft
 from scipy import optimize, special
 
-from pram_lib import deconvolve as dc
+from pram_lib.channels import deconvolve as dc
 from pram_lib.channels.gamma_law import (TwoSidedGamma, _check, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
                                          log_density, moments, sample, smoothness_bounds)
-from pram_lib.guarantee import NotDP
-from pram_lib.jsonable import to_json
+from pram_lib.core.guarantee import NotDP
+from pram_lib.core.jsonable import to_json
 
 __all__ = [
     "TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample", "moments",
@@ -1098,7 +1098,7 @@ class NoiseChannel:
         return x + sample(x.shape, self.theta, self.eta, rng)
 
     def deconvolve(self, released: Any, x: Any = None, **kw):
-        """Analyst side: deconvolution estimate of the density and CDF (see pram_lib.deconvolve)."""
+        """Analyst side: deconvolution estimate of the density and CDF (see pram_lib.channels.deconvolve)."""
         return dc.deconvolve(released, self.theta, self.eta, x, **kw)
 
     def to_dict(self) -> dict:

@@ -47,7 +47,7 @@ Estimation
 Released codes are an (n, m) integer array (``perturb_group``). For any set of attributes inside ONE
 cluster, the released sub-tuple is itself K-ary RR on the sub-domain (keep p' = p_C + (K_R − 1) q_C,
 move q' = K_R q_C to each other cell, K_R = K_C / K_sub), so marginals, 2-way tables and the cluster's
-joint are estimated through :func:`pram_lib.estimate.estimate_distribution` (inversion, plug-in
+joint are estimated through :func:`pram_lib.core.estimate.estimate_distribution` (inversion, plug-in
 covariance, Wald intervals, Euclidean projection, MLE). For domains above ``CLOSED_FORM_MIN_CELLS`` the
 same quantities come from their O(K) closed forms (p̂ = (λ̂ − q)/(p − q); se² = λ̂(1 − λ̂)/(n (p − q)²);
 the MLE is the water-filling max(λ̂/ν − q/(p − q), 0)), which the tests check against estimate.py.
@@ -66,13 +66,13 @@ Across clusters a table can be estimated three ways (``method=``):
 
 RR-Adjustment (Algorithm 2, :func:`rr_adjustment`): IPF weights on the released records so that each
 cluster's weighted distribution equals its RR estimate (by default the estimate projected onto the
-simplex). Post-processing of the release: no privacy cost. See :mod:`pram_lib.adjust`.
+simplex). Post-processing of the release: no privacy cost. See :mod:`pram_lib.channels.adjust`.
 
 API
 ---
 ``GroupChannel`` (frozen; publishable): ``attributes``, ``categories``, ``clusters`` (tuples of attribute
 indices), ``cluster_epsilons`` (E_C), ``keep`` (p_C per cluster, a scalar each), ``channels`` (a
-keep-uniform :class:`~pram_lib.channel.Channel` per cluster on cell codes 0..K_C−1, built on demand),
+keep-uniform :class:`~pram_lib.core.channel.Channel` per cluster on cell codes 0..K_C−1, built on demand),
 ``epsilon`` (= ``epsilon_release`` + ``epsilon_dependence``), ``gamma``, ``method``
 ('rr-independent' | 'rr-joint' | 'rr-clusters'), ``dependence`` (m × m matrix or None), ``details``,
 ``to_dict()`` / ``from_dict()`` (compact: a scalar per cluster, never a K-vector).
@@ -94,7 +94,7 @@ released, attrs, level, method=)``, ``estimate_table(channel, released, a, b, le
 
 Adjustment: ``rr_adjustment(channel, released, targets=None, tol=1e-10, max_iter=1000)`` → weights (n,),
 summing to n (the published weight column; the paper's w is weights / n); ``return_info=True`` also
-returns the :class:`~pram_lib.adjust.RakingResult` (converged, iterations, max_error, unmatched_mass).
+returns the :class:`~pram_lib.channels.adjust.RakingResult` (converged, iterations, max_error, unmatched_mass).
 
 Helpers for the maths of the paper: ``grr_keep``, ``grr_epsilon``, ``retention_epsilon``, ``rr_matrix``
 (readings U/G/L of §6.3.1), ``cluster_keep`` (§6.3.2 fixed), ``make_proper`` (§6.5), ``chi2_B``,
@@ -115,12 +115,12 @@ import numpy as np
 import pandas as pd
 from scipy.stats import chi2, norm
 
-from pram_lib.adjust import RakingResult, rake
-from pram_lib.channel import Channel
-from pram_lib.estimate import estimate_distribution, project_to_simplex
-from pram_lib.guarantee import LDP
-from pram_lib.jsonable import to_json
-from pram_lib.perturb import sample_keep_uniform
+from pram_lib.channels.adjust import RakingResult, rake
+from pram_lib.core.channel import Channel
+from pram_lib.core.estimate import estimate_distribution, project_to_simplex
+from pram_lib.core.guarantee import LDP
+from pram_lib.core.jsonable import to_json
+from pram_lib.core.perturb import sample_keep_uniform
 
 __all__ = [
     "GroupChannel", "group_channel", "rr_independent", "rr_joint", "rr_clusters",

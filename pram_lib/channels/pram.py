@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import xlogy
 
-from pram_lib.channel import keep_uniform_column_extremes
+from pram_lib.core.channel import keep_uniform_column_extremes
 
 __all__ = [
     "VValues",
@@ -1145,7 +1145,7 @@ def optimal_pram(p, alpha: float, *, variable: str = "x", categories=None, exact
     exhaustive path sees every tied vertex; the search path compares the tied vertices it evaluated
     and canonicalises within groups of equal p (where f is symmetric).
     """
-    from pram_lib.channel import Channel
+    from pram_lib.core.channel import Channel
 
     t_start = time.perf_counter()
     p, normalised = _validate_p(p)

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from scipy import optimize
 
-from pram_lib.channel import Channel
-from pram_lib.jsonable import to_json
+from pram_lib.core.channel import Channel
+from pram_lib.core.jsonable import to_json
 
 __all__ = [
     "parity", "output_parity", "min_gamma", "min_epsilon", "is_tpm", "is_private", "check_family",
@@ -426,7 +426,7 @@ def usable_epsilon(epsilon: float) -> float:
 def _keep_at_most(k: int, eps: float) -> float:
     """Keep probability 1/(1 + (k−1)e^{−ε}) of k-RR (no overflow for any ε), rounded down to the float whose
     channel has level ≤ ε (round-off would otherwise give 1e-8 more than ε at ε = 20, 1e-4 at ε = 30)."""
-    from pram_lib.channel import keep_uniform_epsilon
+    from pram_lib.core.channel import keep_uniform_epsilon
 
     q = 1.0 / (1.0 + (k - 1) * math.exp(-eps))
     for _ in range(10_000):  # a few steps at most: each moves 1 − q by one ulp of 1
@@ -674,7 +674,7 @@ def dominate(M_A: Any, gamma: float, *, rtol: float = 1e-9) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# estimation (§7) — small helpers; the general estimator lives in pram_lib.estimate
+# estimation (§7) — small helpers; the general estimator lives in pram_lib.core.estimate
 # ---------------------------------------------------------------------------------------------
 def estimate_pi(M: Any, counts: Any) -> np.ndarray:
     """Unbiased π̂ = L λ̂ with λ̂ = counts/n and L a left inverse of M.T (M[x,z] = P(Z=z|X=x), rank k).

@@ -1,6 +1,6 @@
 """What the release engine asks of a family of channels.
 
-The engine (pram_lib.stream) runs every variable through the same steps and never asks which family it
+The engine (pram_lib.pipeline.stream) runs every variable through the same steps and never asks which family it
 has: pass 1 profiles a chunk and folds the profiles, the family chooses its channels, pass 2 perturbs a
 chunk (randomness addressed by row) and folds its statistics, and estimates, tables, declared columns
 and gate tests are computed from the folded statistics. A family is one module in this package with

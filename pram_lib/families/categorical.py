@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from pram_lib.channel import encode
+from pram_lib.core.channel import encode
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.families.base import PRIORS_FOR_REPORT, Family, exact, pct
-from pram_lib.model import (MISSING, NO_STRATUM, Assignment, VariableProfile, check_strata,
+from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, VariableProfile, check_strata,
                             keyed_generator, stratum_label)
-from pram_lib.validate import channel_consistency_test
-from pram_lib.randomness import Replay, at_row, uniforms
+from pram_lib.core.validate import channel_consistency_test
+from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.spec import PriorDP, PriorFile
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from pram_lib.channel import encode
+from pram_lib.core.channel import encode
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
 from pram_lib.families.base import PRIORS_FOR_REPORT, Family, pct
 from pram_lib.families.categorical import count_values
-from pram_lib.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
-from pram_lib.validate import channel_consistency_test
-from pram_lib.randomness import at_row
+from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
+from pram_lib.core.validate import channel_consistency_test
+from pram_lib.core.randomness import at_row
 
 PERTURB = 0
 MAX_PAIR_CELLS = 1_000_000  # 2-way tables of a group are kept for pairs with at most this many cells

@@ -19,11 +19,11 @@ from scipy.stats import norm
 
 from pram_lib.channels import gamma as g
 from pram_lib.channels.gamma import PROTECTION_TOLERANCE
-from pram_lib.deconvolve import bootstrap_band
+from pram_lib.channels.deconvolve import bootstrap_band
 from pram_lib.families.base import Family, exact, fmt_num, pct
-from pram_lib.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
-from pram_lib.validate import noise_consistency_test
-from pram_lib.randomness import ExactSums, per_row, uniforms
+from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
+from pram_lib.core.validate import noise_consistency_test
+from pram_lib.core.randomness import ExactSums, per_row, uniforms
 
 PERTURB, SKETCH = 0, 4   # randomness key purposes: the noise, the pass-1 sample
 

@@ -1,0 +1,1 @@
+"""The maths every family and step shares: channels and their guarantees, row-addressed randomness, sampling kernels (and the C fast path), estimation, deconvolution, consistency tests, the data model."""

@@ -1,0 +1,97 @@
+"""The optional C kernel for family-(8) perturbation (pram_lib/core/_fastpath.c), loaded with ctypes.
+
+`python -m pram_lib.core.fastpath` compiles it next to this file (make install does). Without it, or with
+PRAM_NO_FASTPATH=1, pram_lib uses the numpy kernel, which gives the same output for the same generator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("_fastpath.c")
+LIBRARY = Path(__file__).with_name("_fastpath.so")
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]  # IEEE arithmetic, as numpy does it
+
+
+def build(cc: str | None = None) -> Path:
+    """Compile the kernel (into a temporary name, then renamed: a concurrent import never sees half a file)."""
+    cc = cc or os.environ.get("CC", "cc")
+    tmp = LIBRARY.with_suffix(f".{os.getpid()}.tmp")
+    subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE)], check=True)
+    os.replace(tmp, LIBRARY)
+    return LIBRARY
+
+
+CODE_TYPES = {np.dtype(np.int8): "i8", np.dtype(np.int16): "i16", np.dtype(np.int32): "i32",
+              np.dtype(np.int64): "i64"}
+
+
+@lru_cache(maxsize=1)
+def keep_uniform_kernel():
+    """The compiled kernels as {name: function} plus "pcg64": whether numpy's PCG64 may be stepped in C;
+    or None (not built, stale, or disabled by PRAM_NO_FASTPATH=1)."""
+    if os.environ.get("PRAM_NO_FASTPATH") == "1" or not LIBRARY.is_file():
+        return None
+    if LIBRARY.stat().st_mtime < SOURCE.stat().st_mtime:
+        return None
+    lib = ctypes.CDLL(str(LIBRARY))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    kernels = {}
+    for suffix in CODE_TYPES.values():
+        fn = getattr(lib, f"keep_uniform_{suffix}")
+        fn.restype = i64
+        fn.argtypes = [p, i64, p, p, i64, p, ctypes.c_int, p]
+        kernels[suffix] = fn
+    lib.pcg64_fill.restype = None
+    lib.pcg64_fill.argtypes = [p, p, i64]
+    kernels["pcg64"] = _pcg64_agrees(lib.pcg64_fill)
+    return kernels
+
+
+def _pcg64_agrees(fill) -> bool:
+    """Whether pcg64_fill reproduces Generator.random and leaves the same state: the C side assumes numpy's
+    PCG64 state layout (pointer to {state, inc} as 128-bit integers), which numpy does not promise."""
+    ours, theirs = np.random.PCG64(20240601), np.random.PCG64(20240601)
+    ours.advance(2**100 + 12345)
+    theirs.advance(2**100 + 12345)
+    got = np.empty(1031)
+    fill(ours.ctypes.bit_generator.value, got.ctypes.data, got.size)
+    want = np.random.Generator(theirs).random(got.size)
+    return bool(np.array_equal(got, want)) and ours.state == theirs.state
+
+
+def sample_keep_uniform(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, rng: np.random.Generator,
+                        out: np.ndarray | None = None) -> np.ndarray | None:
+    """Run the C kernel on `keep_uniform_tables` (None when it is not available); raises ValueError for
+    codes outside [-1, S-1]. `out`, if given, is a C-contiguous int64 array of codes' size to write into."""
+    lib = keep_uniform_kernel()
+    if lib is None:
+        return None
+    s = qa.size - 1
+    table = np.ascontiguousarray(np.roll(qa, 1)).view(np.float64)  # (q, a) pairs, missing first
+    wrap2 = np.ascontiguousarray(np.roll(wrap, 2), dtype=np.int32)  # S < 2**31: a smaller table stays in L1
+    c = np.asarray(codes).reshape(-1)
+    kind = CODE_TYPES.get(c.dtype)
+    if kind is None:
+        c, kind = c.astype(np.int64), "i64"
+    c = np.ascontiguousarray(c)
+    result = np.empty(c.size, dtype=np.int64) if out is None else out.reshape(-1)
+    bg = rng.bit_generator
+    pcg64 = int(lib["pcg64"] and type(bg) is np.random.PCG64)
+    with bg.lock:
+        bad = lib[kind](c.ctypes.data, c.size, table.ctypes.data, wrap2.ctypes.data, s,
+                        bg.ctypes.bit_generator.value, pcg64, result.ctypes.data)
+    if bad >= 0:
+        raise ValueError(f"codes must lie in [-1, {s - 1}] (MISSING = -1), found {c[bad]}")
+    return result.reshape(np.shape(codes)) if out is None else out
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -1,0 +1,1 @@
+"""Operating a release: the hash-chained audit log, the population ε ledger, run journals, verify."""

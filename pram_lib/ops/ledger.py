@@ -1,0 +1,319 @@
+"""The privacy budget ledger: cumulative ε per population across releases (SQLite in the private store).
+
+Releases of the same people compose sequentially, so the ε of every release of a population adds
+up. Before a release reads any data it *reserves* an upper bound on its ε; the reservation is
+refused when it would take the population over its cap. A published release *settles* the
+reservation at the ε it really spent; a release that publishes nothing *cancels* it. A reservation
+of a run that was killed stays counted (fail-safe) until the run is recovered (see journal.py).
+Only differential-privacy ε is recorded: noise channels and public variables spend none.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from pram_lib.ops.audit import utc_now
+from pram_lib.spec import ReleaseSpec, SpecError, ledger_bound
+
+LEDGER_FILE = "ledger.sqlite"
+COUNTED = ("reserved", "spent")   # statuses that count against the cap
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS populations (
+    key TEXT PRIMARY KEY,
+    cap REAL NOT NULL CHECK (cap > 0),
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS spends (
+    run_id TEXT PRIMARY KEY,
+    population TEXT NOT NULL REFERENCES populations(key),
+    release TEXT NOT NULL,
+    epsilon REAL NOT NULL CHECK (epsilon >= 0),
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled')),
+    reserved_at TEXT NOT NULL,
+    settled_at TEXT,
+    folder TEXT
+);
+CREATE INDEX IF NOT EXISTS spends_population ON spends(population);
+"""
+
+
+@dataclass(frozen=True)
+class Spend:
+    run_id: str
+    population: str
+    release: str
+    epsilon: float
+    status: str
+    reserved_at: str
+    settled_at: str | None
+    folder: str | None
+
+    def line(self) -> str:
+        what = self.folder or self.run_id[:12]
+        return f"{self.reserved_at}  {self.release:<24} ε = {self.epsilon:.4g}  {self.status:<9} {what}"
+
+
+class LedgerRefused(SpecError):
+    """The population's cumulative ε would go over its cap; nothing was read or written."""
+
+
+class Ledger:
+    """One SQLite file; every check-and-reserve runs in an IMMEDIATE transaction (safe across processes)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # private: created 0600
+        with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
+            con.execute("PRAGMA busy_timeout = 120000")
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    con.execute(stmt)
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    def history(self, population: str) -> list[Spend]:
+        if not self.path.exists():
+            return []
+        with self._tx() as con:
+            return _history(con, population)
+
+    def spent(self, population: str) -> float:
+        return sum(s.epsilon for s in self.history(population) if s.status in COUNTED)
+
+    def cap(self, population: str) -> float | None:
+        if not self.path.exists():
+            return None
+        with self._tx() as con:
+            row = con.execute("SELECT cap FROM populations WHERE key = ?", (population,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float) -> list[Spend]:
+        """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed."""
+        with self._tx() as con:
+            row = con.execute("SELECT cap FROM populations WHERE key = ?", (population,)).fetchone()
+            if row is None:
+                con.execute("INSERT INTO populations VALUES (?, ?, ?)", (population, float(cap), utc_now()))
+            elif abs(float(row[0]) - cap) > 1e-12:
+                raise CapMismatch(population, float(row[0]), cap)
+            hist = _history(con, population)
+            total = sum(s.epsilon for s in hist if s.status in COUNTED)
+            if total + epsilon > cap + 1e-9:
+                raise OverCap(population, cap, total, epsilon, hist)
+            con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL)",
+                        (run_id, population, release, float(epsilon), utc_now()))
+            return _history(con, population)
+
+    def settle(self, run_id: str, epsilon: float | None, folder: str) -> None:
+        """The run published `folder` spending `epsilon` (never more than it reserved; None: what it reserved)."""
+        with self._tx() as con:
+            row = con.execute("SELECT epsilon, status FROM spends WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                return
+            epsilon = row[0] if epsilon is None else epsilon
+            if epsilon > row[0] + 1e-9:
+                raise RuntimeError(f"run {run_id} spent ε = {epsilon:.6g}, more than the {row[0]:.6g} it reserved")
+            con.execute("UPDATE spends SET epsilon = ?, status = 'spent', settled_at = ?, folder = ? "
+                        "WHERE run_id = ?", (float(epsilon), utc_now(), folder, run_id))
+
+    def cancel(self, run_id: str) -> None:
+        """The run published nothing: its reservation no longer counts."""
+        if not self.path.exists():
+            return
+        with self._tx() as con:
+            con.execute("UPDATE spends SET status = 'cancelled', settled_at = ? WHERE run_id = ? AND "
+                        "status = 'reserved'", (utc_now(), run_id))
+
+
+def _history(con: sqlite3.Connection, population: str) -> list[Spend]:
+    rows = con.execute("SELECT run_id, population, release, epsilon, status, reserved_at, settled_at, folder "
+                       "FROM spends WHERE population = ? ORDER BY reserved_at, run_id", (population,)).fetchall()
+    return [Spend(*r) for r in rows]
+
+
+class OverCap(Exception):
+    def __init__(self, population: str, cap: float, total: float, epsilon: float, history: list[Spend]):
+        self.population, self.cap, self.total, self.epsilon, self.history = population, cap, total, epsilon, history
+        super().__init__(f"population {population!r}: ε {total:.4g} spent + {epsilon:.4g} > cap {cap:.4g}")
+
+
+class CapMismatch(Exception):
+    def __init__(self, population: str, registered: float, given: float):
+        self.population, self.registered, self.given = population, registered, given
+        super().__init__(f"population {population!r} has cap {registered:g} in the ledger, the spec says {given:g}")
+
+
+# -- one ledger per population on this machine ------------------------------------------------------
+REGISTRY_FILE = "populations.sqlite"
+
+
+def release_home() -> Path:
+    """Machine-wide state of pram-release: $PRAM_RELEASE_HOME, default ~/.pram-release."""
+    return Path(os.environ.get("PRAM_RELEASE_HOME") or "~/.pram-release").expanduser()
+
+
+class PopulationRegistry:
+    """population key -> the one ledger file that holds its spending (SQLite under `release_home()`).
+
+    Two specs of one population with different private stores would otherwise each keep their own
+    ledger, and so each their own cap: the first reservation registers the ledger, later ones must use it.
+    """
+
+    def __init__(self, home: str | Path | None = None):
+        self.path = Path(home if home is not None else release_home()) / REGISTRY_FILE
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
+            con.execute("PRAGMA busy_timeout = 120000")
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute("CREATE TABLE IF NOT EXISTS populations (key TEXT PRIMARY KEY, ledger TEXT NOT NULL, "
+                            "registered TEXT NOT NULL)")
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    def lookup(self, key: str) -> Path | None:
+        if not self.path.exists():
+            return None
+        with self._tx() as con:
+            row = con.execute("SELECT ledger FROM populations WHERE key = ?", (key,)).fetchone()
+        return None if row is None else Path(row[0])
+
+    def register(self, key: str, ledger: Path) -> Path:
+        """The population's ledger: `ledger` if the key was not registered yet (it is now), else the registered one."""
+        with self._tx() as con:
+            row = con.execute("SELECT ledger FROM populations WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                return Path(row[0])
+            con.execute("INSERT INTO populations VALUES (?, ?, ?)", (key, str(ledger), utc_now()))
+            return ledger
+
+    def ledgers(self) -> list[Path]:
+        if not self.path.exists():
+            return []
+        with self._tx() as con:
+            return [Path(r[0]) for r in con.execute("SELECT ledger FROM populations ORDER BY key")]
+
+
+def ledger_path(spec: ReleaseSpec) -> Path:
+    """The ledger the spec names: `population.ledger`, default <private_store>/ledger.sqlite (resolved)."""
+    pop = spec.population
+    if pop is not None and pop.ledger is not None:
+        return spec.resolve(pop.ledger).resolve()
+    return (spec.resolve(spec.private_store) / LEDGER_FILE).resolve()
+
+
+def _registered(spec: ReleaseSpec, register: bool) -> Path:
+    """The spec's ledger, checked against the population registry (and registered, on a reservation)."""
+    pop, mine = spec.population, ledger_path(spec)
+    registry = PopulationRegistry()
+    try:
+        theirs = registry.register(pop.key, mine) if register else registry.lookup(pop.key)
+    except (OSError, sqlite3.Error) as exc:
+        raise _refusal(spec, ("population", "key"), f"cannot use the population registry {registry.path}: {exc}",
+                       pop.key, "set PRAM_RELEASE_HOME to a folder this user can write (default "
+                       "~/.pram-release)") from None
+    if theirs is not None and theirs != mine:
+        raise _refusal(spec, ("population", "key"), f"population {pop.key!r} keeps its ε spending in the ledger "
+                       f"{theirs} (registered in {registry.path}); this spec's ledger would be {mine}, and a "
+                       "second ledger would give the population a second cap", pop.key,
+                       f"use the private store that holds it (`private_store: {theirs.parent}`), or name the "
+                       f"ledger under `population:` (`ledger: {theirs}`)")
+    return mine
+
+
+# -- the spec-level entry points (what the flow calls) -----------------------------------------------
+def ledger_for(spec: ReleaseSpec) -> Ledger:
+    """The spec's population ledger; raises LedgerRefused if the population is registered to another ledger."""
+    if spec.population is None:
+        return Ledger(ledger_path(spec))
+    return Ledger(_registered(spec, register=False))
+
+
+def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
+    """Reserve this release's ε bound in its population's ledger (no-op without `population:`).
+
+    The first reservation of a population registers its ledger machine-wide; a spec whose ledger differs
+    is refused at `population.key`. Raises LedgerRefused, located at the spec's `population` field, with
+    the population's history.
+    """
+    pop = spec.population
+    if pop is None:
+        return None
+    eps = ledger_bound(spec)
+    ledger = Ledger(_registered(spec, register=True))
+    try:
+        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps)
+    except CapMismatch as exc:
+        raise _refusal(spec, ("population", "cap"), f"the ledger holds cap {exc.registered:g} for population "
+                       f"{pop.key!r}; a spec cannot change it", pop.cap,
+                       f"use cap: {exc.registered:g} (a new cap is a decision for the ledger's owner, "
+                       f"in {ledger.path})") from None
+    except OverCap as exc:
+        lines = "\n".join("    " + s.line() for s in exc.history) or "    (no earlier releases)"
+        raise _refusal(spec, ("population",), f"population {pop.key!r} has spent ε = {exc.total:.4g} of its cap "
+                       f"{exc.cap:g}; this release needs up to {eps:.4g}, which would make "
+                       f"{exc.total + eps:.4g}. Refused before any data was read. History "
+                       f"(reserved = a run in progress or killed before it finished):\n{lines}\n", pop.key,
+                       "lower the variables' levels, or release this population less often; the cap bounds "
+                       "every release of the population together") from None
+    return eps
+
+
+def _refusal(spec: ReleaseSpec, loc: tuple, problem: str, found, fix: str) -> LedgerRefused:
+    e = spec.error(loc, problem, found, fix)
+    return LedgerRefused(e.file, e.line, e.column, e.field, e.problem, e.found, e.fix)
+
+
+def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: str | None) -> None:
+    """Record what the run spent (it published `folder`), or cancel its reservation (it published nothing)."""
+    if spec.population is None:
+        return
+    ledger = ledger_for(spec)
+    if folder is None:
+        ledger.cancel(run_id)
+    else:
+        ledger.settle(run_id, epsilon, folder)
+
+
+def settle_recovered(store: Path, run: dict, folder: str | None) -> None:
+    """Recovery of a killed run: cancel its reservation, or (it did publish) count what it reserved.
+
+    The reservation is in the store's ledger, or (`population.ledger:`) in a registered one elsewhere:
+    each ledger is tried, and only the row of this run id changes.
+    """
+    paths = [Path(store) / LEDGER_FILE] + ([Path(run["ledger"])] if run.get("ledger") else [])
+    try:
+        paths += PopulationRegistry().ledgers()
+    except (OSError, sqlite3.Error):
+        pass
+    seen: set[Path] = set()
+    for path in paths:
+        path = path.resolve()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        ledger = Ledger(path)
+        if folder is None:
+            ledger.cancel(run["run_id"])
+        else:
+            ledger.settle(run["run_id"], None, folder)

@@ -1,0 +1,403 @@
+"""Release folders (staged, then renamed into place), artefacts, reports and plots."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pram_lib import __version__
+from pram_lib.ops.audit import build_manifest
+from pram_lib.families import REGISTRY, family_of
+from pram_lib.families.base import pct
+from pram_lib.core.guarantee import NotDP
+from pram_lib.pipeline.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
+from pram_lib.spec import ReleaseSpec
+
+
+
+class ReleaseExistsError(FileExistsError):
+    pass
+
+
+# -- staging and atomic publication -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    tmp: Path
+    final: Path
+
+
+def begin_release(spec: ReleaseSpec, run_time: datetime | None = None, owner: str | None = None) -> Stage:
+    """A hidden temporary sibling of the final folder; nothing is visible until `finish_release`.
+
+    `owner` (a run id) ends the temporary name, so a run killed at any point can have its staging
+    folder found and removed later (journal.recover)."""
+    run_time = run_time or datetime.now(timezone.utc)
+    out = spec.resolve(spec.output)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"{spec.release}-{run_time.strftime('%Y%m%dT%H%M%S%fZ')}"
+    if final.exists():
+        raise ReleaseExistsError(f"{final} already exists; a published release is never overwritten")
+    tmp = out / f".{final.name}.partial-{owner or uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return Stage(tmp, final)
+
+
+def finish_release(stage: Stage) -> Path:
+    """Write the manifest, flush everything, and rename the folder into place (atomic on one filesystem)."""
+    manifest = build_manifest(stage.tmp)
+    (stage.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    for p in stage.tmp.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    if stage.final.exists():
+        raise ReleaseExistsError(f"{stage.final} already exists; a published release is never overwritten")
+    os.rename(stage.tmp, stage.final)
+    fd = os.open(stage.final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return stage.final
+
+
+def abandon_release(stage: Stage) -> None:
+    shutil.rmtree(stage.tmp, ignore_errors=True)
+
+
+# -- artefacts ------------------------------------------------------------------------------------
+def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
+    spent = spent_by_variable(assignments)
+    entries = []
+    for v in spec.variables:
+        alist = [a for a in assignments if a.column == v.key]
+        for a, entry in zip(alist, family_of(v).channel_entries(spec, v, alist)):
+            entry["guarantee"] = a.guarantee.to_dict()   # what this variable's release guarantees, read alone
+            entries.append(entry)
+    return {
+        "release": spec.release,
+        "convention": "matrix[x][z] = P(released = z | true = x); keep-uniform: keep x w.p. keep[x], "
+                      "else uniform over the other categories",
+        "budget": spec.budget,
+        "epsilon_spent": sum(spent.values()),
+        "epsilon_by_variable": spent,
+        "composition": "sequential over variables, parallel over disjoint strata",
+        "not_differentially_private": [a.column for a in assignments if isinstance(a.guarantee, NotDP)],
+        "unprotected": {"passthrough": list(spec.passthrough), "public_variables": public_variables(assignments)},
+        "channels": entries,
+    }
+
+
+def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assignment], estimates: pd.DataFrame,
+                        distributions: tuple, validation: dict, n_rows: int, columns: list[str], started: str,
+                        values_for_plots: pd.DataFrame, processing: list[str] | None = None) -> tuple[str, pd.DataFrame]:
+    """Everything but the data: channels.json, estimates, plots, tables, validation summary, report.md.
+
+    Returns (report text, overall estimates). `values_for_plots`: released values of the continuous
+    variables (the whole table, or a uniform sample of it)."""
+    curves, summary, tables = distributions
+    (stage.tmp / "channels.json").write_text(json.dumps(channels_document(spec, assignments), indent=2) + "\n")
+    estimates.to_csv(stage.tmp / "estimates.csv", index=False)
+    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
+    plots = write_plots(stage, overall, level=spec.confidence)
+    if not curves.empty:
+        curves.to_csv(stage.tmp / "distributions.csv", index=False)
+        summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
+        plots += write_noise_plots(stage, curves, values_for_plots, level=spec.confidence)
+    if not tables.empty:
+        tables.to_csv(stage.tmp / "tables.csv", index=False)
+    public_validation = {"gx": validation["gx"],
+                         "statistical": [{"variable": s["variable"], "stratum": s["stratum"], "passed": s["passed"],
+                                          **({"check": s["check"]} if "check" in s else {})}
+                                         for s in validation["statistical"]]}
+    (stage.tmp / "validation").mkdir(exist_ok=True)
+    (stage.tmp / "validation" / "summary.json").write_text(json.dumps(public_validation, indent=2, default=str))
+    report = render_report(spec, assignments, overall, validation, n_rows, columns, started, plots, summary,
+                           processing)
+    (stage.tmp / "report.md").write_text(report)
+    return report, overall
+
+
+def z_of(level: float) -> float:
+    """The two-sided normal quantile of a confidence level (1.96 at 0.95)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2.0))
+
+
+def aggregate_strata(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per-variable totals over strata: p = Σ (n_s/n) p_s; variances add (independent strata)."""
+    rows = []
+    for var, g in estimates.groupby("variable", sort=False):
+        if (g["stratum"] == "all").all():
+            rows.append(g)
+            continue
+        n_s = g.groupby("stratum", sort=False)["n"].first()
+        n = float(n_s.sum())
+        w = g["stratum"].map(n_s / n)
+        agg = (g.assign(w_est=w * g["estimate"], w_var=(w * g["se"]) ** 2, w_proj=w * g["projected"],
+                        w_mle=w * g["mle"])
+               .groupby("category", sort=False)
+               .agg(released_count=("released_count", "sum"), estimate=("w_est", "sum"), var=("w_var", "sum"),
+                    projected=("w_proj", "sum"), mle=("w_mle", "sum"))
+               .reset_index())
+        z = z_of(level)
+        se = np.sqrt(agg["var"].to_numpy())
+        rows.append(pd.DataFrame({
+            "variable": var, "stratum": "all", "category": agg["category"],
+            "released_count": agg["released_count"], "released_share": agg["released_count"] / n,
+            "estimate": agg["estimate"], "se": se, "lower": agg["estimate"] - z * se,
+            "upper": agg["estimate"] + z * se, "projected": agg["projected"], "mle": agg["mle"], "n": n,
+        }))
+    return pd.concat(rows, ignore_index=True)
+
+
+def with_totals(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Rows per stratum plus, for every variable, its total over strata (stratum "all")."""
+    if estimates.empty:
+        return estimates
+    return pd.concat([aggregate_strata(estimates, level), estimates[estimates["stratum"] != "all"]], ignore_index=True)
+
+
+def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, level: float = 0.95) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (stage.tmp / "plots").mkdir(exist_ok=True)
+    files = []
+    if overall.empty:
+        return files
+    for var, g in overall.groupby("variable", sort=False):
+        g = g.sort_values("estimate", ascending=False).head(max_categories)
+        x = np.arange(len(g))
+        fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(g) + 2), 4))
+        ax.bar(x - 0.2, g["released_share"], width=0.4, label="released frequency (raw)", color="#bbbbbb")
+        err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
+        ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
+               label=f"estimated true distribution, {pct(level)} interval")
+        ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel("share of records")
+        ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.legend(fontsize=8)
+        files.append(_save_plot(stage, fig, var))
+    return files
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+
+
+def file_stem(name: str) -> str:
+    """A file name stem for a data or spec name: the name itself when it is a plain word (letters, digits,
+    '.', '_', '-'; at most 80 characters; not ending in '.'), else a slug of it plus a short hash of the name,
+    so that no name can leave its folder ('../x', 'a/b', '..') and two names never share a stem."""
+    name = str(name)
+    if _SAFE_NAME.fullmatch(name) and not name.endswith("."):
+        return name
+    return _hashed_stem(name)
+
+
+def _hashed_stem(name: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:60] or "var"
+    return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
+def staged_path(stage: Stage, name: str) -> Path:
+    """stage.tmp / name, refused unless it resolves inside the staged folder."""
+    root = stage.tmp.resolve()
+    p = (stage.tmp / name).resolve()
+    if not p.is_relative_to(root) or p == root:
+        raise ValueError(f"refusing to write {name!r}: it resolves outside the release folder {root}")
+    return p
+
+
+def _plot_label(var: str) -> str:
+    return str(var).replace("$", r"\$")  # matplotlib would parse '$...$' as mathtext
+
+
+def _save_plot(stage: Stage, fig, var: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    name = f"plots/{file_stem(var)}.png"
+    if staged_path(stage, name).exists():  # a plain name equal to another's hashed stem, or a case-only clash
+        name = f"plots/{_hashed_stem(var)}.png"
+    path = staged_path(stage, name)
+    if path.exists():
+        raise ValueError(f"two variables would write the same plot file {name!r}")
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return name
+
+
+def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame, level: float = 0.95) -> list[str]:
+    """Per continuous variable: Ĝ with its bootstrap bands beside the released ECDF, and ĝ with its band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (stage.tmp / "plots").mkdir(exist_ok=True)
+    files = []
+    for var, g in curves.groupby("variable", sort=False):
+        x = g["x"].to_numpy()
+        scale = g["scale"].iloc[0]
+        label = _plot_label(var) if scale == "identity" else f"{scale}({_plot_label(var)})"
+        z = released[var].to_numpy(dtype=float)
+        z = np.sort(z[~np.isnan(z)])
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea", label=f"{pct(level)} simultaneous band")
+        a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label=f"{pct(level)} pointwise band")
+        a1.plot(x, g["cdf"], color="#1f4e8c", label="estimated true CDF (deconvolution)")
+        a1.plot(z, np.arange(1, z.size + 1) / z.size, color="#999999", lw=1, label="released values (ECDF)")
+        a1.set_xlim(x.min(), x.max())
+        a1.set_ylim(-0.02, 1.02)
+        a1.set_xlabel(label)
+        a1.set_title(f"{_plot_label(var)}: distribution function")
+        a1.legend(fontsize=7, loc="lower right")
+        a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
+                label="released values (histogram)")
+        a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6",
+                        label=f"{pct(level)} pointwise band")
+        a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
+        a2.set_xlabel(label)
+        a2.set_title(f"{_plot_label(var)}: density")
+        a2.legend(fontsize=7)
+        files.append(_save_plot(stage, fig, var))
+    return files
+
+
+def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame,
+                  validation: dict, n_rows: int, released_columns: list[str], started: str,
+                  plots: list[str], numeric_summary: pd.DataFrame | None = None,
+                  processing: list[str] | None = None) -> str:
+    spent = spent_by_variable(assignments)
+    total = sum(spent.values())
+    tvd = expected_tvd(overall) if not overall.empty else {}
+    entries = [(v, family_of(v), [a for a in assignments if a.column == v.key]) for v in spec.variables]
+    L = [f"# Release `{spec.release}`", ""]
+    if spec.description:
+        L += [spec.description.strip(), ""]
+    L += [
+        f"- created: {started} (UTC) by pram-release {__version__}",
+        f"- spec: `{spec.path.name}` (SHA-256 `{spec.sha256[:16]}…`)",
+        f"- records released: {n_rows:,}; columns: {', '.join(f'`{c}`' for c in released_columns)}",
+        "- columns of the source that the spec does not name were dropped.",
+        *(f"- {line}" for line in processing or []),
+    ]
+    if spec.passthrough:
+        L.append(f"- **pass-through (released unchanged, no protection): "
+                 f"{', '.join(f'`{c}`' for c in spec.passthrough)}**")
+    if public_variables(assignments):
+        L.append(f"- **public variables (the spec marks them `public: true`; their channel gives no privacy, "
+                 f"ε = ∞, and they are not in the budget): "
+                 f"{', '.join(f'`{c}`' for c in public_variables(assignments))}**")
+    L += ["", "## Privacy", "",
+          "Each variable is perturbed record by record by a published channel. ε (the PRAM paper's α) is the "
+          "local differential-privacy level of the channel; γ = e^ε is the Chai–Nayak bound: every Bayes factor "
+          "an intruder can get from a released value lies in [1/γ, γ]. The last three columns give the largest "
+          "posterior probability an intruder can reach about a record from a prior of 1%, 10% and 50%.", "",
+          "| variable | channel | strata | ε | γ | method | prior | 1% → | 10% → | 50% → |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for v, family, alist in entries:
+        L += family.privacy_rows(spec, v, alist)
+    L += ["", f"Budget: ε = **{total:.4g}** spent of {spec.budget:g} per record "
+          f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
+          "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
+          "adds its ε0.", ""]
+    if any(a.prior.startswith("data") for a in assignments if not isinstance(a.guarantee, NotDP)):
+        L += ["**Note:** where the prior is `data`, the optimal matrix was chosen from the raw frequencies of the "
+              "source. The published matrix therefore depends on confidential data; the ε above covers the "
+              "released values, not what the choice of matrix reveals. Use `prior: uniform`, a public file or "
+              "`prior: {dp: ε0}` for a release whose every output is covered.", ""]
+    L += missing_values_section(spec)
+    for family in REGISTRY:
+        mine = [(v, alist) for v, f, alist in entries if f is family]
+        L += family.report_section(spec, mine, numeric_summary) if mine else []
+    L += ["## Utility", "",
+          "Mutual information I(X;Z) is the channel's objective under the prior it was chosen for. The expected "
+          "TVD is ½·Σ se·√(2/π), the expected total-variation error of the estimate, computed from the release.", "",
+          "| variable | categories | I(X;Z) nats | expected TVD of the estimate |", "|---|---|---|---|"]
+    for v, family, alist in entries:
+        L += family.utility_rows(v, alist, tvd)
+    L += ["", "## Estimated true distributions", "",
+          "`estimates.csv` has every variable, stratum and category: the unbiased estimate (inversion), its standard "
+          f"error and {pct(spec.confidence)} interval, the projection onto the simplex and the maximum-likelihood estimate (EM).", ""]
+    if numeric_summary is not None and not numeric_summary.empty:
+        L += ["`distributions.csv` has, for every continuous variable, the deconvolution estimate of the true "
+              "density ĝ and distribution function Ĝ on a grid (release scale `x` and original units `x_original`), "
+              f"with {pct(spec.confidence)} pointwise bootstrap bands and a {pct(spec.confidence)} simultaneous band for Ĝ (bandwidth fixed at the AIMSE "
+              "value; the bands cover the estimator's variability, not its smoothing bias). "
+              "`numeric_summary.csv` has the estimated mean and variance of each true variable "
+              "(E X = E Z; Var X = Var Z − Var Y) with standard errors.", ""]
+    for p in plots:
+        L.append(f"![{p}]({p})")
+    L += ["", "## Validation", ""]
+    gx = validation.get("gx", {})
+    st = gx.get("statistics", {})
+    L.append(f"- Great Expectations: {st.get('successful_expectations', '?')}/{st.get('evaluated_expectations', '?')} "
+             "expectations met (row count, schema, domains, no new missing values, ranges); details in `validation/`.")
+    stats = validation.get("statistical", [])
+    ok = sum(1 for s in stats if s.get("passed"))
+    L.append(f"- Channel consistency: {ok}/{len(stats)} checks passed at family-wise level "
+             f"{spec.validation.level:g} "
+             "(Holm's step-down over all the checks; released counts vs the channel applied to the source; the "
+             "statistics stay in the private store because they use source counts).")
+    L += ["", "## Using this release", "",
+          "```python\nimport json, pandas as pd\nfrom pram_lib.core.channel import Channel\n"
+          "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
+          "data = pd.read_parquet('data.parquet')\n```", ""]
+    return "\n".join(L)
+
+
+def missing_values_section(spec: ReleaseSpec) -> list[str]:
+    """How each variable's missing values are released: the rule only (how many there are is a source
+    statistic; the internal report has the counts)."""
+    return ["## Missing values", "", *(f"- `{v.key}`: {family_of(v).missing_rule(v)}" for v in spec.variables), ""]
+
+
+# -- private (internal) report ------------------------------------------------------------------
+def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: Profile, overall: pd.DataFrame,
+                    risk: dict, validation: dict,
+                    curves: pd.DataFrame | None = None, numeric_summary: pd.DataFrame | None = None,
+                    tables: pd.DataFrame | None = None, stats: dict | None = None) -> tuple[str, dict]:
+    """Source-vs-estimate utility (each family's section) and disclosure risk (`risk`: before / after, from
+    `stream.risk_measures`); stays in the private store."""
+    L = [f"# INTERNAL report for `{spec.release}` (confidential: do not publish)", ""]
+    data: dict = {"risk": risk}
+    for family in REGISTRY:
+        mine = [(v, [a for a in assignments if a.column == v.key]) for v in spec.variables if family_of(v) is family]
+        lines, rows = family.internal_section(spec, mine, profile, overall, stats or {}, tables, curves,
+                                              numeric_summary) if mine else ([], [])
+        L += lines
+        data[family.internal_key] = rows
+    L += ["## Missing values in the source", "", "| variable | missing in the source | released as |",
+          "|---|---|---|"]
+    for v in spec.variables:
+        L.append(f"| `{v.key}` | {family_of(v).source_missing(v, profile)} | {family_of(v).missing_rule(v)} |")
+    L += ["", "## Disclosure risk of the key variables", "",
+          f"keys: {', '.join(risk['before']['keys'])}", "", "| | sample uniques | k-anonymity | cells |",
+          "|---|---|---|---|",
+          f"| source | {risk['before']['sample_uniques']} | {risk['before']['k_anonymity']} | "
+          f"{risk['before'].get('cells')} |",
+          f"| released | {risk['after']['sample_uniques']} | {risk['after']['k_anonymity']} | "
+          f"{risk['after'].get('cells')} |",
+          "", "After perturbation a released unique is not a true unique: each released value is a random draw "
+          "whose Bayes factor is bounded by γ.", "", "## Channel-consistency statistics", "",
+          "| variable | stratum | statistic | df | p-value | passed |", "|---|---|---|---|---|---|"]
+    for s in validation.get("statistical", []):
+        L.append(f"| `{s.get('variable')}` | {s.get('stratum')} | {s.get('statistic', float('nan')):.4g} | "
+                 f"{s.get('df')} | {s.get('p_value', float('nan')):.4g} | {s.get('passed')} |")
+    return "\n".join(L) + "\n", data

@@ -1,0 +1,139 @@
+"""Reading the source (its checks and errors), choosing every variable's channels through its family,
+and the budget they spend.
+
+Everything derived from the source here (profile, seeds) is confidential; only channels and
+what is computed from the released table may be published.
+"""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import math
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.families import family_of
+from pram_lib.families.categorical import ESTIMATE_COLUMNS, estimate_frame, missing_as_category  # noqa: F401
+from pram_lib.families.group import group_codes, group_marginals  # noqa: F401
+from pram_lib.families.noise import THETA_STEP, estimate_distributions, numeric_column  # noqa: F401
+from pram_lib.core.guarantee import Public, spent_by_key
+from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,  # noqa: F401
+                            VariableProfile, check_strata, from_release_scale,
+                            keyed_generator, stratum_label, to_release_scale)
+from pram_lib.spec import ReleaseSpec, SpecError
+
+
+# -- read ---------------------------------------------------------------------------------------
+def needed_columns(spec: ReleaseSpec) -> list[str]:
+    cols = [c for v in spec.variables for c in v.names] + list(spec.passthrough)
+    return list(dict.fromkeys(cols))
+
+
+UNREADABLE = (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError)  # a truncated or corrupt compressed file
+_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+_OPEN_QUOTE = re.compile(r"EOF inside string starting at row (\d+)")
+
+
+def csv_options(spec: ReleaseSpec, dtypes: dict) -> dict:
+    """pandas.read_csv options of both engines. Every column is read (then the unnamed ones are dropped):
+    with `usecols=` pandas' C reader silently ignores extra fields in a row instead of refusing the row.
+    Only the spec's `source.missing_values` are missing (a category "NA" is a value)."""
+    return dict(dtype=dtypes, encoding="utf-8", keep_default_na=False, na_values=list(spec.source.missing_values))
+
+
+def source_read_error(spec: ReleaseSpec, exc: BaseException, path: Path) -> SpecError:
+    """One located SpecError for a source that cannot be read (the same in every engine; never retried).
+    What pandas says may quote the data, so it goes to `found` only."""
+    if isinstance(exc, SpecError):
+        return exc
+    if isinstance(exc, UnicodeDecodeError):
+        return spec.error(("source", "path"), f"the source is not UTF-8 text (byte {exc.start})", str(path),
+                          "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8")
+    m = _FIELDS.search(str(exc))
+    if m:
+        return spec.error(("source",), f"cannot read the source {path}: line {m[2]} has {m[3]} fields, the "
+                          f"header has {m[1]}", str(path), "quote the fields that contain the delimiter (\"a,b\"), "
+                          "or fix that line of the file")
+    m = _OPEN_QUOTE.search(str(exc))
+    if m:  # pandas counts rows from 0 at the header: row r is line r + 1
+        return spec.error(("source",), f"cannot read the source {path}: a quote opened on line {int(m[1]) + 1} "
+                          "is never closed", str(path), "close the quote on that line (or double a quote inside a "
+                          "quoted field: \"\")")
+    if isinstance(exc, UNREADABLE):
+        return spec.error(("source", "path"), f"the compressed source {path} is truncated or corrupt",
+                          f"{type(exc).__name__}: {exc}", "copy the file again, whole (compare its size or "
+                          "checksum with the original), or point to the uncompressed file")
+    if isinstance(exc, pd.errors.EmptyDataError):
+        return spec.error(("source",), f"cannot read the source {path}: the file is empty (not even a header)",
+                          str(path), "point to the complete file")
+    if isinstance(exc, pd.errors.ParserError):
+        return spec.error(("source",), f"cannot read the source {path}: not well-formed CSV", f"{path}: {exc}",
+                          "fix the file's quoting (an unclosed quote runs to the end of the file)")
+    return spec.error(("source",), f"cannot read the source {path} with the declared types",
+                      f"{path}: {exc}", "check `source.dtypes` and the file's contents")
+
+
+def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
+    present = set(header)
+    for i, v in enumerate(spec.variables):
+        for j, c in enumerate(v.names):
+            if c not in present:
+                loc = ("variables", i, "columns", j) if v.columns is not None else ("variables", i, "column")
+                raise spec.error(loc, "column not in the source", c, f"use one of {sorted(present)[:30]}")
+    for j, c in enumerate(spec.passthrough):
+        if c not in present:
+            raise spec.error(("passthrough", j), "column not in the source", c, f"use one of {sorted(present)[:30]}")
+
+
+# -- choose channels -------------------------------------------------------------------------------
+def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assignment]:
+    """Every variable's channels, chosen by its family from the profile; then the leakage guard and budget."""
+    out = [a for i, v in enumerate(spec.variables) for a in family_of(v).choose(spec, i, v, profile, seed)]
+    check_budget(spec, out)
+    return out
+
+
+def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
+    """ε per record per DP variable: max over its (disjoint) strata, plus the prior's ε0.
+
+    Noise channels are not differential privacy and are left out (reported with their own measure);
+    so are variables the spec marks public (no privacy claimed; listed as unprotected).
+    """
+    return spent_by_key((a.column, a.guarantee) for a in assignments)
+
+
+def public_variables(assignments: list[Assignment]) -> list[str]:
+    """Variables the spec marks public (released through a channel but with no privacy claimed)."""
+    return list(dict.fromkeys(a.column for a in assignments if isinstance(a.guarantee, Public)))
+
+
+def check_budget(spec: ReleaseSpec, assignments: list[Assignment]) -> None:
+    """The leakage guard (ε = ∞ only on variables marked public) and the per-release budget."""
+    from pram_lib.spec import LEAK_FIX, leak_problem
+
+    spent = spent_by_variable(assignments)
+    for col, eps in spent.items():
+        if not math.isfinite(eps):
+            raise spec.error(spec.variable_loc(col), leak_problem(col), col, LEAK_FIX.format(col=col))
+    total = sum(spent.values())
+    if total > spec.budget + 1e-9:
+        detail = ", ".join(f"{c}={e:.4g}" for c, e in spent.items())
+        raise spec.error(("budget",), f"the chosen channels spend ε = {total:.4g} per record ({detail}), over "
+                         "the budget", spec.budget, "raise `budget:` or lower the variables' levels")
+
+
+# -- estimate (from the release only) ----------------------------------------------------------------
+def expected_tvd(estimates: pd.DataFrame) -> dict[str, float]:
+    """E[TVD(estimate, truth)] ≈ ½ Σ se·√(2/π) per variable (normal approximation; release-only)."""
+    out = {}
+    for (var, _), g in estimates.groupby(["variable", "stratum"], sort=False):
+        t = 0.5 * float(np.sum(g["se"].to_numpy()) * math.sqrt(2 / math.pi))
+        out[var] = max(out.get(var, 0.0), t)
+    return out
+
+

@@ -1,0 +1,626 @@
+"""Releases larger than memory: two passes over chunks of the source.
+
+Pass 1 (profile) keeps counts per category and stratum, a bounded uniform sample of every continuous
+variable and a few column facts. Pass 2 (perturb) perturbs chunk by chunk, writes one Parquet part per
+chunk into the staging folder and returns counts and a bounded row sample. Peak memory is set by the
+chunk size and the sample size, not by the file.
+
+Randomness is addressed by row of the source (pram_lib.core.randomness): a row's released value does not
+depend on the chunk it falls in, the process or Dask worker that handles it, or the order chunks finish;
+power sums are exact per block of rows. The same spec and seed publish the same table and estimates
+in one chunk or many.
+Every function here is plain Python (no Prefect): flows map :func:`profile_chunk` and
+:func:`perturb_chunk` over chunks and fold the results with :func:`merge_sketches` / :func:`merge_results`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.ops.audit import sha256_file
+from pram_lib.families import family_of
+from pram_lib.families.base import exact
+from pram_lib.families.categorical import ESTIMATE_COLUMNS
+from pram_lib.families.noise import estimate_distributions
+from pram_lib.core.model import Assignment, Profile
+from pram_lib.core.randomness import uniforms
+from pram_lib.pipeline.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
+from pram_lib.spec import ReleaseSpec
+
+PART = "part-{:05d}"
+DATA_DIR = "data"       # the release's Parquet parts: one table, read with pandas.read_parquet(folder / "data")
+CSV_DIR = "csv"         # CSV parts, when the spec asks for CSV
+SAMPLE_PURPOSE = 3      # randomness key of the row sample (0: perturbation, 1: DP prior, 2: clustering)
+
+
+# -- chunks of the source -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChunkRef:
+    """One chunk: its number, its first row in the source and, for Parquet, the row groups it reads."""
+
+    index: int
+    row_groups: tuple[int, ...] = ()
+    rows: int = 0
+    start: int = 0
+
+
+def plan_chunks(spec: ReleaseSpec) -> list[ChunkRef] | None:
+    """Parquet: consecutive row groups of about `engine.chunk_rows` rows each (a row group is never split,
+    so a file written with huge row groups gives huge chunks). CSV: None, it is read sequentially."""
+    if spec.source.format != "parquet":
+        return None
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(spec.resolve(spec.source.path)).metadata
+    chunks, groups, rows, start = [], [], 0, 0
+    for g in range(meta.num_row_groups):
+        groups.append(g)
+        rows += meta.row_group(g).num_rows
+        if rows >= spec.engine.chunk_rows:
+            chunks.append(ChunkRef(len(chunks), tuple(groups), rows, start))
+            groups, rows, start = [], 0, start + rows
+    if groups:
+        chunks.append(ChunkRef(len(chunks), tuple(groups), rows, start))
+    return chunks
+
+
+def check_source(spec: ReleaseSpec) -> None:
+    """The source exists and has every column the spec names (header only; no data read)."""
+    path = spec.resolve(spec.source.path)
+    if not path.is_file():
+        raise spec.error(("source", "path"), f"source file not found: {path}", spec.source.path,
+                         "fix the path (relative paths are taken from the spec's folder)")
+    try:
+        if spec.source.format == "csv":
+            header = pd.read_csv(path, nrows=0, encoding="utf-8").columns.tolist()
+            raw = pd.read_csv(path, nrows=1, header=None, dtype="str", encoding="utf-8").iloc[0].tolist()
+            dups = sorted({str(c) for c in raw if raw.count(c) > 1})
+            if dups:
+                raise spec.error(("source", "path"), "the source's header names a column more than once", dups,
+                                 "rename the duplicate columns in the source")
+        else:
+            import pyarrow.parquet as pq
+
+            header = pq.ParquetFile(path).schema_arrow.names
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
+    _check_columns(spec, header)
+
+
+def check_unchanged(spec: ReleaseSpec, digest: str) -> None:
+    """The source still has the SHA-256 it had before the first pass (else it changed while being read)."""
+
+    path = spec.resolve(spec.source.path)
+    if sha256_file(path) != digest:
+        raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
+                         "rerun once the file is complete (write sources under a temporary name and rename them "
+                         "into place)")
+
+
+def _categorical_columns(spec: ReleaseSpec) -> set[str]:
+    return {c for v in spec.variables for c in family_of(v).text_columns(v)}
+
+
+def read_chunk(spec: ReleaseSpec, ref: ChunkRef) -> pd.DataFrame:
+    """Read one Parquet chunk (the columns the spec names); string columns arrive dictionary-encoded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = spec.resolve(spec.source.path)
+    pf = pq.ParquetFile(path)
+    wanted = needed_columns(spec)
+    schema = pf.schema_arrow
+    strings = [c for c in _categorical_columns(spec) | set(spec.passthrough)
+               if pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type)]
+    try:
+        pf = pq.ParquetFile(path, read_dictionary=strings)
+        table = pf.read_row_groups(list(ref.row_groups), columns=wanted)
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
+    return clean_chunk(spec, table.to_pandas())
+
+
+def iter_chunks(spec: ReleaseSpec) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
+    """Every chunk of the source in order, read in bounded memory."""
+    plan = plan_chunks(spec)
+    if plan is not None:
+        for ref in plan:
+            yield ref, read_chunk(spec, ref)
+        return
+    import warnings
+
+    path = spec.resolve(spec.source.path)
+    wanted = needed_columns(spec)
+    dtypes = {c: "str" for c in _categorical_columns(spec)}
+    dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
+    try:
+        reader = pd.read_csv(path, chunksize=spec.engine.chunk_rows, **csv_options(spec, dtypes))
+        start = 0
+        for i in itertools.count():
+            with warnings.catch_warnings():  # mixed types in a column the spec does not name: it is dropped
+                warnings.simplefilter("ignore", pd.errors.DtypeWarning)
+                df = next(reader, None)
+            if df is None:
+                return
+            chunk = clean_chunk(spec, df)
+            yield ChunkRef(i, rows=len(chunk), start=start), chunk
+            start += len(chunk)
+    except (ValueError, TypeError) + UNREADABLE as exc:
+        raise source_read_error(spec, exc, path) from None
+
+
+def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
+    """The checks and types of `release.read_source`, on one chunk."""
+    df = df[needed_columns(spec)].reset_index(drop=True)
+    for c in _categorical_columns(spec):
+        s = df[c]
+        if not (isinstance(s.dtype, pd.CategoricalDtype) or s.dtype == "str"):
+            df[c] = s.astype("str").where(s.notna())
+    for c, t in spec.source.dtypes.items():
+        if c in df.columns and spec.source.format == "parquet":
+            df[c] = df[c].astype(t)
+    for i, v in enumerate(spec.variables):
+        family_of(v).clean(spec, i, v, df)
+    return df
+
+
+def load(spec: ReleaseSpec, chunk: "ChunkRef | pd.DataFrame") -> pd.DataFrame:
+    """A chunk's rows: read from Parquet by its reference, or already read (CSV chunks shipped to a worker)."""
+    return read_chunk(spec, chunk) if isinstance(chunk, ChunkRef) else chunk
+
+
+def batches(refs: list[ChunkRef], parts: int) -> list[list[ChunkRef]]:
+    """Consecutive runs of chunks, `parts` of them at most (one task each: fewer task runs, same result)."""
+    parts = max(1, min(parts, len(refs)))
+    bounds = np.linspace(0, len(refs), parts + 1).round().astype(int)
+    return [refs[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+# -- pass 1: profile ------------------------------------------------------------------------------
+@dataclass
+class Sketch:
+    """What pass 1 keeps of one or more chunks (confidential: it describes the source)."""
+
+    rows: int = 0
+    parts: dict[str, object] = field(default_factory=dict)          # variable -> its family's profile part
+    passthrough: dict[str, dict] = field(default_factory=dict)
+    key_cells: "KeyCells | None" = None                              # the internal report's risk measures
+
+
+RISK_MAX_CELLS = 1_000_000  # key combinations kept for sample uniques / k-anonymity; beyond: not computed
+
+
+@dataclass
+class KeyCells:
+    """Counts of the combinations of the key variables (for sample uniques and k-anonymity), or `overflow`
+    when there are more than RISK_MAX_CELLS of them."""
+
+    keys: list[str]
+    table: pd.DataFrame | None     # the key columns + "n"
+    overflow: bool = False
+
+    @classmethod
+    def of(cls, df: pd.DataFrame, keys: list[str]) -> "KeyCells":
+        combined, labels = np.zeros(len(df), dtype=np.int64), []
+        for c in keys:
+            codes, uniques = pd.factorize(df[c].astype("object") if isinstance(df[c].dtype, pd.CategoricalDtype)
+                                          else df[c], use_na_sentinel=False)
+            combined = combined * len(uniques) + codes
+            labels.append(np.asarray(uniques, dtype=object))
+        cells, counts = np.unique(combined, return_counts=True)
+        sizes = [lab.size for lab in labels]
+        idx = np.unravel_index(cells, sizes) if keys else ()
+        table = pd.DataFrame({c: lab[i] for c, lab, i in zip(keys, labels, idx)})
+        table["n"] = counts
+        return cls(keys, table).capped()
+
+    def capped(self) -> "KeyCells":
+        if self.table is not None and len(self.table) > RISK_MAX_CELLS:
+            return KeyCells(self.keys, None, True)
+        return self
+
+    def __add__(self, other: "KeyCells") -> "KeyCells":
+        if self.overflow or other.overflow:
+            return KeyCells(self.keys, None, True)
+        both = pd.concat([self.table, other.table], ignore_index=True)
+        table = both.groupby(self.keys, dropna=False, sort=False)["n"].sum().reset_index()
+        return KeyCells(self.keys, table).capped()
+
+    def measures(self) -> dict:
+        if self.overflow:
+            return {"keys": self.keys, "sample_uniques": f"not computed (more than {RISK_MAX_CELLS:,} key "
+                    "combinations)", "k_anonymity": "—", "cells": f"> {RISK_MAX_CELLS:,}"}
+        n = self.table["n"].to_numpy()
+        return {"keys": self.keys, "sample_uniques": int((n == 1).sum()), "k_anonymity": int(n.min()),
+                "cells": int(n.size)}
+
+
+def risk_keys(spec: ReleaseSpec) -> list[str]:
+    """The key variables of the risk measures: the categorical ones and pass-through stratum columns."""
+    return [c for v in spec.variables for c in family_of(v).text_columns(v)] + [
+        c for c in spec.passthrough if any(c in v.strata for v in spec.variables)]
+
+
+def risk_measures(cells: "KeyCells | None", spec: ReleaseSpec) -> dict:
+    """Sample uniques and k-anonymity of the key variables, from their folded combination counts."""
+    if cells is None:
+        return {"keys": risk_keys(spec), "sample_uniques": None, "k_anonymity": None}
+    return cells.measures()
+
+
+def _fold_cells(a: "KeyCells | None", b: "KeyCells | None") -> "KeyCells | None":
+    return b if a is None else a if b is None else a + b
+
+
+def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int) -> Sketch:
+    """Pass 1 on one chunk."""
+    sk = Sketch(rows=len(df))
+    for i, v in enumerate(spec.variables):
+        sk.parts[v.key] = family_of(v).profile_chunk(spec, i, v, df, ref.start, seed)
+    for c in spec.passthrough:
+        s = df[c]
+        info = {"dtypes": {str(s.dtype)}, "missing": int(s.isna().sum())}
+        if pd.api.types.is_numeric_dtype(s) and s.notna().any():
+            info.update(min=float(s.min()), max=float(s.max()))
+        sk.passthrough[c] = info
+    keys = risk_keys(spec)
+    sk.key_cells = KeyCells.of(df, keys) if keys else None
+    return sk
+
+
+def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
+    """Pass 1 on a run of chunks, one after the other (what a worker does with its share)."""
+    out = None
+    for ref, chunk in chunks:
+        sk = profile_chunk(spec, load(spec, chunk), ref, seed)
+        out = sk if out is None else merge_sketches(out, sk)
+    return out
+
+
+def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
+    """Pass 1 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
+    sketch = None
+    for done, (ref, df) in enumerate(iter_chunks(spec), 1):
+        part = profile_chunk(spec, df, ref, seed)
+        sketch = part if sketch is None else merge_sketches(sketch, part)
+        if on_chunk is not None:
+            on_chunk(len(df), done)
+    return sketch if sketch is not None else Sketch()
+
+
+def merge_sketches(a: Sketch, b: Sketch, sample_rows: int | None = None) -> Sketch:
+    """Fold two sketches (associative; the order of chunks does not change the result). `sample_rows` is
+    ignored (a continuous variable's part carries its sample size)."""
+    out = Sketch(rows=a.rows + b.rows, key_cells=_fold_cells(a.key_cells, b.key_cells))
+    for name in a.parts.keys() | b.parts.keys():
+        x, y = a.parts.get(name), b.parts.get(name)
+        out.parts[name] = x if y is None else y if x is None else x + y
+    for name in a.passthrough.keys() | b.passthrough.keys():
+        x, y = a.passthrough.get(name), b.passthrough.get(name)
+        if x is None or y is None:
+            out.passthrough[name] = dict(x or y)
+            continue
+        info = {"dtypes": x["dtypes"] | y["dtypes"], "missing": x["missing"] + y["missing"]}
+        lo = [d["min"] for d in (x, y) if "min" in d]
+        if lo:
+            info.update(min=min(lo), max=max(d["max"] for d in (x, y) if "max" in d))
+        out.passthrough[name] = info
+    return out
+
+
+def passthrough_dtype(info: dict) -> str:
+    """One dtype for a pass-through column whose chunks may have been read with different ones."""
+    kinds = info["dtypes"]
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    if all(k.startswith(("int", "float", "uint")) for k in kinds):
+        return "float64"
+    return "str"
+
+
+def finish_profile(spec: ReleaseSpec, sk: Sketch) -> Profile:
+    """The profile the channel choosers take, from the folded sketch."""
+    if sk.rows == 0:
+        raise spec.error(("source", "path"), "the source has no rows", spec.source.path, "point to a non-empty file")
+    profile = Profile(sk.rows, {}, key_cells=sk.key_cells)
+    for i, v in enumerate(spec.variables):
+        family = family_of(v)
+        getattr(profile, family.slot)[v.key] = family.finish_profile(spec, i, v, sk.parts[v.key])
+    for c in spec.passthrough:
+        info = sk.passthrough[c]
+        dtype = passthrough_dtype(info)
+        out = {"dtype": dtype, "missing": info["missing"]}
+        if "min" in info and dtype != "str":
+            out.update(kind="numeric", min=info["min"], max=info["max"])
+        profile.passthrough[c] = out
+    return profile
+
+
+# -- pass 2: perturb --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """What a worker needs to perturb a chunk: the channels, each family's plan of its variables.
+
+    It carries the seed: ship it only to workers you trust with the source itself.
+    """
+
+    spec: ReleaseSpec = field(repr=False)
+    seed: int = field(repr=False)        # private: never printed, logged or handed to the orchestrator
+    assignments: tuple[Assignment, ...]
+    profile_rows: int
+    variables: dict[str, object]   # variable -> its family's plan (category orders, strata, centring)
+    passthrough_dtypes: dict[str, str]
+    out_dir: str | None            # the staging folder; parts go to out_dir/data (and out_dir/csv)
+    sample_p: float                # share of rows kept in the validation sample
+    engine: str = "stream"         # memory: the source is one chunk, written as data.parquet
+
+    def by_column(self, column: str) -> list[Assignment]:
+        return [a for a in self.assignments if a.column == column]
+
+    def sample_rows(self, start: int, n: int) -> np.ndarray:
+        """Which of rows start .. start + n are in the row sample (a Bernoulli draw addressed by row)."""
+        return uniforms(self.seed, (0, 0, SAMPLE_PURPOSE), start, n) < self.sample_p
+
+
+def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
+              out_dir: Path | None, engine: str = "stream", sample_all: bool = False) -> Plan:
+    """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory)."""
+    return Plan(spec, seed, tuple(assignments), profile.n_rows,
+                {v.key: family_of(v).plan(v, profile) for v in spec.variables},
+                {c: info["dtype"] for c, info in profile.passthrough.items()},
+                None if out_dir is None else str(out_dir),
+                1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine)
+
+
+@dataclass
+class ChunkResult:
+    """What pass 2 returns of one or more chunks: each variable's statistics and a bounded row sample."""
+
+    chunks: list[int]
+    rows: int
+    stats: dict[str, object] = field(default_factory=dict)   # variable -> its family's chunk statistics
+    missing: dict[str, int] = field(default_factory=dict)    # pass-through column -> missing values
+    sample: pd.DataFrame | None = None            # released rows (uniform sample, row order)
+    sample_at: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # their source rows
+    key_cells: KeyCells | None = None             # released key combinations (the risk measures)
+    files: list[str] = field(default_factory=list)
+
+
+def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef) -> ChunkResult:
+    """Pass 2 on one chunk: perturb, write the chunk's parts, return statistics and the sampled rows."""
+    spec = plan.spec
+    res = ChunkResult([ref.index], len(df))
+    released: dict[str, object] = {}
+    for i, v in enumerate(spec.variables):
+        columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start)
+        released.update(columns)
+    for c in spec.passthrough:
+        s = df[c]
+        want = plan.passthrough_dtypes[c]
+        if str(s.dtype) != want and not isinstance(s.dtype, pd.CategoricalDtype):
+            s = s.astype(want)
+        released[c] = s.to_numpy() if not isinstance(s.dtype, pd.CategoricalDtype) else s.array
+        res.missing[c] = int(s.isna().sum())
+    frame = pd.DataFrame(released, index=pd.RangeIndex(len(df)))
+    if plan.out_dir is not None:
+        res.files = write_part(frame, Path(plan.out_dir), None if plan.engine == "memory" else ref.index, spec.csv)
+    keep = plan.sample_rows(ref.start, len(df))
+    res.sample = frame[keep].reset_index(drop=True)
+    res.sample_at = ref.start + np.flatnonzero(keep)
+    keys = [c for c in risk_keys(spec) if c in frame.columns]
+    res.key_cells = KeyCells.of(frame, keys) if keys else None
+    return res
+
+
+def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]]) -> ChunkResult:
+    """Pass 2 on a run of chunks, one after the other (what a worker does with its share)."""
+    return merge_results([perturb_chunk(plan, load(plan.spec, chunk), ref) for ref, chunk in chunks])
+
+
+def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
+    """Pass 2 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
+    totals = None
+    for ref, df in iter_chunks(plan.spec):
+        part = perturb_chunk(plan, df, ref)
+        totals = part if totals is None else merge_results([totals, part])
+        if on_chunk is not None:
+            on_chunk(len(df), len(totals.chunks))
+    return totals
+
+
+def write_part(frame: pd.DataFrame, out_dir: Path, chunk: int | None, csv: bool) -> list[str]:
+    """One chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv); the whole table of an
+    in-memory release (`chunk` None): data.parquet (and data.csv)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = "data.parquet" if chunk is None else f"{DATA_DIR}/{PART.format(chunk)}.parquet"
+    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
+    files = [name]
+    if csv:
+        cname = "data.csv" if chunk is None else f"{CSV_DIR}/{PART.format(chunk)}.csv"
+        (out_dir / cname).parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out_dir / cname, index=False)
+        files.append(cname)
+    return files
+
+
+def merge_results(parts: list[ChunkResult]) -> ChunkResult:
+    """Fold chunk results (associative, in any grouping and order: the row sample is put in source-row order)."""
+    parts = sorted(parts, key=lambda r: r.chunks[0])
+    out = ChunkResult([c for p in parts for c in p.chunks], sum(p.rows for p in parts))
+    for p in parts:
+        for name, st in p.stats.items():
+            out.stats[name] = st if name not in out.stats else out.stats[name] + st
+        for c, n in p.missing.items():
+            out.missing[c] = out.missing.get(c, 0) + n
+        out.files += p.files
+        out.key_cells = _fold_cells(out.key_cells, p.key_cells)
+    samples = [p for p in parts if p.sample is not None]
+    if samples:
+        at = np.concatenate([p.sample_at for p in samples])
+        order = np.argsort(at, kind="stable")
+        out.sample = pd.concat([p.sample for p in samples], ignore_index=True).iloc[order].reset_index(drop=True)
+        out.sample_at = at[order]
+    return out
+
+
+# -- the whole source as one chunk, without an orchestrator (tests, notebooks) ---------------------------
+def read_whole(spec: ReleaseSpec) -> pd.DataFrame:
+    """The source as the release reads it (checked, typed, missing values decoded), as one chunk."""
+    whole = spec.on_engine("memory")
+    check_source(whole)
+    return next(iter_chunks(whole))[1]
+
+
+def profile_source(spec: ReleaseSpec, seed: int) -> Profile:
+    """Pass 1 over the whole source as one chunk: the profile the channel choosers take."""
+    whole = spec.on_engine("memory")
+    check_source(whole)
+    return finish_profile(whole, profile_pass(whole, seed))
+
+
+def release_in_memory(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment],
+                      seed: int) -> tuple[pd.DataFrame, Plan, ChunkResult]:
+    """Pass 2 over the whole source as one chunk, nothing written: the released table, the plan and the
+    folded results (what estimates and the gate read)."""
+    plan = make_plan(spec.on_engine("memory"), profile, assignments, seed, None, "memory", sample_all=True)
+    totals = perturb_pass(plan)
+    return totals.sample, plan, totals
+
+
+# -- the folded results: estimates, tables, continuous summaries, gate ---------------------------------
+def _by_variable(plan: Plan):
+    for v in plan.spec.variables:
+        yield v, family_of(v), plan.by_column(v.key)
+
+
+def estimate_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> pd.DataFrame:
+    """estimates.csv: every variable's estimated distribution (per stratum) with intervals at `level`."""
+    frames = [f for v, family, alist in _by_variable(plan)
+              for f in family.estimates(plan, v, alist, totals.stats[v.key], level)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ESTIMATE_COLUMNS)
+
+
+def group_tables_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> pd.DataFrame:
+    """tables.csv: the estimated joint tables (every 2-way table of each group)."""
+    frames = [f for v, family, alist in _by_variable(plan)
+              for f in family.tables(plan, v, alist, totals.stats[v.key], level)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def continuous_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Deconvolved Ĝ, ĝ with bootstrap bands from the uniform row sample; mean and variance of X (with
+    standard errors) from exact power sums over every released row."""
+    curves, rows = [], []
+    for v, family, alist in _by_variable(plan):
+        out = family.continuous(plan, v, alist, totals.stats[v.key], totals.sample, level)
+        if out is not None:
+            curves.append(out[0])
+            rows.append(out[1])
+    if not curves:
+        return estimate_distributions(pd.DataFrame(), [], plan.spec, level)
+    return pd.concat(curves, ignore_index=True), pd.DataFrame(rows)
+
+
+def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]) -> dict:
+    """What the released table must look like, from the spec and the channels."""
+    cols: dict[str, dict] = {}
+    for v in spec.variables:
+        cols.update(family_of(v).declared_columns(spec, v, profile, [a for a in assignments if a.column == v.key]))
+    for c, info in profile.passthrough.items():
+        if info.get("kind") == "numeric":
+            cols[c] = {"kind": "numeric", "min": info["min"], "max": info["max"], "max_missing": info["missing"]}
+        else:
+            cols[c] = {"kind": "passthrough", "max_missing": info["missing"]}
+            if info["dtype"] == "str":
+                cols[c]["dtype"] = "str"
+    return cols
+
+
+def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
+                    out_dir: Path | None) -> dict:
+    """The gate: GX on the uniform row sample (every row when small); exact checks (rows, missing values,
+    ranges, source unchanged between the passes) and each family's tests on counts over every row, with
+    Holm's step-down procedure over the tests (``validation.level`` is the release's family-wise error rate)."""
+    from pram_lib.core.validate import gate_message, holm, validate_table
+
+    declared = declared_columns(spec, profile, list(plan.assignments))
+    sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
+    gx = validate_table(sample, declared, len(sample), out_dir)
+    gx["scope"] = (f"every one of the {totals.rows:,} released rows" if len(sample) == totals.rows else
+                   f"uniform sample of {len(sample):,} of {totals.rows:,} released rows")
+    checks = [exact("row count", totals.rows == profile.n_rows,
+                    f"{totals.rows:,} rows released, {profile.n_rows:,} in the source")]
+    missing, extremes = dict(totals.missing), {}
+    for st in totals.stats.values():
+        missing.update(st.missing)
+        extremes.update(st.extremes)
+    for col, d in declared.items():
+        miss = missing.get(col)
+        if miss is not None and miss > d["max_missing"]:
+            checks.append(exact("missing values", False, f"{col}: {miss} missing, at most {d['max_missing']}", col))
+        if col in extremes:
+            lo, hi = extremes[col]
+            ok = d["min"] <= lo and hi <= d["max"]
+            checks.append(exact("range", ok, f"{col}: released range [{lo:.6g}, {hi:.6g}] within "
+                                f"[{d['min']:.6g}, {d['max']:.6g}]" + ("" if ok else ": NO"), col))
+    stats = []
+    for v, family, alist in _by_variable(plan):
+        tests, exact_checks = family.gate_tests(spec, v, profile, plan, alist, totals.stats[v.key],
+                                                spec.validation.level)
+        stats += tests
+        checks += exact_checks
+    holm(stats, spec.validation.level)
+    stats += checks
+    passed = bool(gx["success"]) and all(s["passed"] for s in stats)
+    failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
+        if not gx["success"] else []
+    message = "" if passed else gate_message([*(s for s in stats if not s["passed"])] + failed)
+    return {"passed": passed, "gx": gx, "statistical": stats, "message": message}
+
+
+# -- an existing Dask scheduler ------------------------------------------------------------------------
+DASK_CONNECT_TIMEOUT = 3.0  # seconds
+
+
+def check_dask_address(spec: ReleaseSpec, timeout: float = DASK_CONNECT_TIMEOUT) -> None:
+    """`engine.address` names a reachable scheduler: a TCP connect to its host and port and, for tcp://, the
+    first bytes of the handshake a Dask scheduler sends unasked (a proxy or firewall that accepts every
+    connection sends none). `timeout` seconds at most in all, before the run starts; Dask itself would wait
+    30 s and then fail with a bare OSError."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    address = spec.engine.address
+    if address is None:
+        return
+    fix = "give the scheduler as tcp://host:port (e.g. tcp://10.0.0.5:8786), or drop `address:` for a local cluster"
+    text = address.strip()
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number in 0..65535
+        host, port = None, None
+    if parts.scheme not in ("tcp", "tls") or not host or port is None or parts.path not in ("", "/"):
+        raise spec.error(("engine", "address"), "not a Dask scheduler address (tcp://host:port)", address, fix)
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            if parts.scheme == "tcp":  # tls: the scheduler speaks only after the client's TLS hello
+                conn.settimeout(max(deadline - time.monotonic(), 0.05))
+                if not conn.recv(16):
+                    raise ConnectionResetError(0, "closed without a Dask handshake")
+    except OSError as exc:
+        reason = ("timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__))
+        raise spec.error(("engine", "address"), f"no Dask scheduler answers at {address} ({reason} within "
+                         f"{timeout:g} s)", address, "start the scheduler (`dask scheduler`) and check the host, "
+                         "port and firewall, or drop `address:` to run a local cluster") from None

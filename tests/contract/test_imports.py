@@ -1,0 +1,113 @@
+"""The layering the design asks for, read from the source: flows -> tasks -> pram_lib, pram_lib never imports
+Prefect, and no import cycle, counting the imports inside functions too (a local import hides a cycle, it
+does not remove it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pram_lib", "tasks", "flows")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            out[name] = p
+    return out
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_pram_lib_never_imports_prefect_or_the_layers_above():
+    bad = {}
+    for name, path in _modules().items():
+        if name.startswith("pram_lib"):
+            found = {m for m in _imports(path, False) if m.split(".")[0] in ("prefect", "prefect_dask", "tasks", "flows")}
+            if found:
+                bad[name] = sorted(found)
+        elif name.startswith("tasks"):
+            found = {m for m in _imports(path, False) if m.split(".")[0] == "flows"}
+            if found:
+                bad[name] = sorted(found)
+    assert not bad, bad
+
+
+def test_no_import_cycle():
+    mods = _modules()
+    graph = {m: {d for d in _imports(p, False) if d in mods and d != m} for m, p in mods.items()}
+    state: dict[str, int] = {}
+
+    def visit(u: str, path: list[str]) -> list[str] | None:
+        state[u] = 1
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                return path[path.index(v):] + [v] if v in path else [u, v]
+            if not state.get(v):
+                found = visit(v, path + [v])
+                if found:
+                    return found
+        state[u] = 2
+        return None
+
+    for m in sorted(graph):
+        if not state.get(m):
+            cycle = visit(m, [m])
+            assert cycle is None, " -> ".join(cycle)
+    assert len(graph) > 20   # the walk saw the project
+
+
+# Inside pram_lib, a layer imports only from itself and the layers listed for it (run-time imports, local
+# ones included; imports under `if TYPE_CHECKING:` are annotations only and not counted).
+LAYERS = {
+    "core": {"core"},
+    "channels": {"core", "channels"},
+    "spec": {"core"},
+    "families": {"core", "channels", "spec", "families"},
+    "pipeline": {"core", "channels", "spec", "families", "ops", "pipeline"},
+    "ops": {"core", "spec", "ops"},
+    "data": set(),
+}
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
+            "TYPE_CHECKING" for n in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_each_layer_of_pram_lib_imports_only_its_own_or_lower_layers():
+    bad = {}
+    for name, path in _modules().items():
+        parts = name.split(".")
+        if parts[0] != "pram_lib" or len(parts) < 2:
+            continue
+        layer = parts[1]
+        assert layer in LAYERS, f"{name}: a module outside the layers of the design ({sorted(LAYERS)})"
+        used = {m.split(".")[1] for m in _runtime_imports(path) if m.startswith("pram_lib.")}
+        if used - LAYERS[layer] - {layer}:
+            bad[name] = sorted(used - LAYERS[layer] - {layer})
+    assert not bad, bad

@@ -1,0 +1,78 @@
+"""prefect.yaml: the deployments load, the scheduler creates their cron runs, and a worker runs one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = [sys.executable, "-m", "prefect"]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+
+
+def checkout_copy(dst: Path) -> Path:
+    """The project files a worker needs, so the run writes its release under dst, not in the repo."""
+    for name in ["prefect.yaml", "prefect.toml", "flows", "tasks", "pram_lib", "specs", "data"]:
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst / name)
+    return dst
+
+
+def sh(args, env, cwd, timeout=180):
+    out = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{args} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter
+    from prefect.states import Scheduled
+
+    repo = checkout_copy(tmp_path)
+    env = {**prefect_server["env"], "PREFECT_HOME": str(prefect_server["home"])}   # no PIPELINE_ROOT needed
+    sh(PREFECT + ["work-pool", "create", "pram-local", "--type", "process"], env, repo)
+    sh(PREFECT + ["--no-prompt", "deploy", "--all"], env, repo)
+
+    with get_client(sync_client=True) as client:
+        deps = {d.name: d for d in client.read_deployments()}
+        assert set(deps) == {"adult-demo-monthly", "adult-public-prior-weekly"}
+        dep = deps["adult-public-prior-weekly"]
+        assert dep.entrypoint == "flows/release.py:release_flow"
+        assert dep.parameters == {"spec_path": "specs/adult_public_prior.yaml"}
+        props = dep.parameter_openapi_schema["properties"]
+        assert set(props) == {"spec_path", "engine"}           # no seed is offered: it would be stored
+        assert all(p.get("description") for p in props.values())
+        assert props["engine"]["anyOf"][0]["enum"] == ["memory", "stream", "dask"]
+        assert dep.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(repo)}}]
+        assert [s.schedule.cron for s in dep.schedules] == ["30 6 * * 1"]
+
+        flt = DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+        deadline, runs = time.time() + 120, []
+        while time.time() < deadline:  # the server's scheduler, not this test, creates the runs
+            runs = [r for r in client.read_flow_runs(deployment_filter=flt) if r.state and r.state.is_scheduled()]
+            if runs:
+                break
+            time.sleep(2)
+        assert runs, "the scheduler created no cron runs (sqlalchemy must be <2.1, see requirements.txt)"
+        run = min(runs, key=lambda r: r.expected_start_time)
+        assert run.expected_start_time.weekday() == 0  # Monday, per the cron
+        client.set_flow_run_state(run.id, Scheduled(scheduled_time=datetime.now(timezone.utc)), force=True)
+
+    sh(PREFECT + ["worker", "start", "--pool", "pram-local", "--run-once"], env, tmp_path / "..", timeout=400)
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run.id).state
+    assert state.is_completed(), state
+    folders = list((repo / "releases").glob("adult-public-prior-*"))
+    assert len(folders) == 1 and (folders[0] / "manifest.json").exists()
+    from pram_lib.ops.ledger import Ledger  # the scheduled release recorded its ε against its population
+    (spend,) = Ledger(repo / "private" / "ledger.sqlite").history("adult-1994")
+    assert spend.status == "spent" and spend.folder == folders[0].name

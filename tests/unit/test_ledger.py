@@ -1,0 +1,142 @@
+"""The population ε ledger: cumulative spend across releases, refused over the cap before data is read."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import yaml
+
+import synth
+from pram_lib.ops.ledger import Ledger, LedgerRefused, OverCap, reserve_for, settle_for
+from pram_lib.spec import SpecError, ledger_bound, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+EXACT = [  # two channels whose ε is exactly the stated level: log 3 + 1
+    {"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
+    {"column": "size", "channel": "rr-uniform", "alpha": 1.0},
+]
+EPS = math.log(3) + 1.0
+
+
+def test_reserve_settle_cancel_arithmetic(tmp_path):
+    led = Ledger(tmp_path / "ledger.sqlite")
+    led.reserve("p", 5.0, "r1", "a", 2.0)
+    led.reserve("p", 5.0, "r2", "a", 2.0)
+    assert led.spent("p") == pytest.approx(4.0)
+    with pytest.raises(OverCap) as info:
+        led.reserve("p", 5.0, "r3", "a", 1.5)          # 4 + 1.5 > 5
+    assert info.value.total == pytest.approx(4.0) and len(info.value.history) == 2
+    led.settle("r1", 1.25, "a-1")                      # spent less than reserved
+    led.cancel("r2")                                   # published nothing
+    assert led.spent("p") == pytest.approx(1.25)
+    led.reserve("p", 5.0, "r3", "a", 3.75)             # exactly to the cap
+    assert led.spent("p") == pytest.approx(5.0)
+    with pytest.raises(RuntimeError, match="more than"):
+        led.settle("r3", 3.8, "a-3")
+    assert [s.status for s in led.history("p")] == ["spent", "cancelled", "reserved"]
+    assert led.spent("other") == 0.0
+    assert (led.path.stat().st_mode & 0o777) == 0o600
+
+
+def _reserve(args):
+    path, i = args
+    try:
+        Ledger(path).reserve("pop", 7.5, f"run{i}", "x", 1.0)
+        return True
+    except OverCap:
+        return False
+
+
+def test_concurrent_reservations_never_pass_the_cap(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        ok = pool.map(_reserve, [(path, i) for i in range(24)])
+    assert sum(ok) == 7  # floor(7.5 / 1.0), whatever the interleaving
+    assert Ledger(path).spent("pop") == pytest.approx(7.0)
+
+
+def _spec(tmp_path, cap=5.0, **kw) -> Path:
+    return synth.write_spec(tmp_path, population={"key": "people-2026", "cap": cap}, variables=EXACT, **kw)
+
+
+def test_bound_is_known_before_data(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    assert ledger_bound(spec) == pytest.approx(EPS, abs=1e-12)
+    d = synth.spec_dict(tmp_path, population={"key": "people-2026", "cap": 50},
+                        variables=EXACT + [{"column": "region", "channel": "pram-invariant", "min_diagonal": 0.7}],
+                        passthrough=[], budget=4.5)
+    p = tmp_path / "inv.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert ledger_bound(load_spec(p)) == 4.5  # invariant PRAM's ε depends on the data: the budget bounds it
+
+
+def test_refusal_shows_history_and_is_located(tmp_path):
+    path = _spec(tmp_path)
+    spec = load_spec(path)
+    line = path.read_text().splitlines().index("population:") + 1
+    for i in range(2):                                    # 2 x 2.0986 = 4.197 <= 5
+        assert reserve_for(spec, f"run{i}") == pytest.approx(EPS)
+        settle_for(spec, f"run{i}", EPS, f"synth-{i}")
+    with pytest.raises(LedgerRefused) as info:
+        reserve_for(spec, "run2")                         # 6.296 > 5
+    err = info.value
+    assert isinstance(err, SpecError) and err.field == "population" and err.line in (line, line + 1)
+    msg = str(err)
+    assert f"spent ε = {2 * EPS:.4g} of its cap 5" in msg and f"needs up to {EPS:.4g}" in msg
+    assert "synth-0" in msg and "synth-1" in msg and "before any data was read" in msg and "Fix:" in msg
+    assert Ledger(tmp_path / "private" / "ledger.sqlite").spent("people-2026") == pytest.approx(2 * EPS)
+
+
+def test_a_spec_cannot_change_the_cap(tmp_path):
+    reserve_for(load_spec(_spec(tmp_path, cap=5.0)), "r1")
+    with pytest.raises(LedgerRefused, match="holds cap 5") as info:
+        reserve_for(load_spec(_spec(tmp_path, cap=50.0)), "r2")
+    assert info.value.field == "population.cap"
+
+
+def test_one_release_over_the_cap_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="over the population's cap") as info:
+        load_spec(_spec(tmp_path, cap=2.0))
+    assert info.value.field == "population.cap"
+
+
+@pytest.mark.prefect
+@pytest.mark.slow
+def test_flow_refuses_over_cap_before_reading_data(prefect_server, tmp_path):
+    from flows.release import run_release
+
+    spec = _spec(tmp_path)
+    folders = [run_release(str(spec), seed=s) for s in (1, 2)]
+    (tmp_path / "src.csv").write_bytes(b"\xff\xfe not a csv any more")  # reading it now would fail differently
+    with pytest.raises(LedgerRefused, match="has spent"):
+        run_release(str(spec), seed=3)
+    hist = Ledger(tmp_path / "private" / "ledger.sqlite").history("people-2026")
+    assert [h.status for h in hist] == ["spent", "spent"]
+    assert sorted(h.folder for h in hist) == sorted(Path(f).name for f in folders)
+    assert sum(h.epsilon for h in hist) == pytest.approx(2 * EPS)  # exact channels: spent = bound
+    doc = json.loads((Path(folders[0]) / "channels.json").read_text())
+    assert doc["epsilon_spent"] == pytest.approx(EPS)
+    entries = [json.loads(x) for x in (tmp_path / "private" / "audit.jsonl").read_text().splitlines()]
+    assert entries[-1]["event"] == "release-failed" and "LedgerRefused" in entries[-1]["error"]
+    assert entries[-1]["failed_step"] == "reserve-budget" and "source_sha256" not in entries[-1]
+    assert len(list((tmp_path / "private" / "seeds").glob("*.json"))) == 2  # the refused run drew no seed
+    assert len(list((tmp_path / "releases").iterdir())) == 2
+
+
+def test_scheduled_deployments_use_the_ledger():
+    """Every spec that prefect.yaml schedules names a population with a cap, and specs on the same
+    source share one population (and so one cap) and one private store (and so one ledger)."""
+    deps = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    pops = {}
+    for d in deps:
+        assert "seed" not in d.get("parameters", {})     # production seeds come from OS entropy
+        spec = load_spec(ROOT / d["parameters"]["spec_path"])
+        assert spec.seed is None
+        assert spec.population is not None and spec.population.cap >= ledger_bound(spec)
+        pops.setdefault((spec.source.path, spec.private_store), set()).add((spec.population.key,
+                                                                            spec.population.cap))
+    assert all(len(v) == 1 for v in pops.values())
