@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import secrets
 import subprocess
@@ -21,10 +20,10 @@ def _api_url(port: int) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pram_lib.pipeline import release, stream
-    from pram_lib.ops.audit import sha256_file
-    from pram_lib.families import family_of
     from pram_lib.core.guarantee import NotDP
+    from pram_lib.families import family_of
+    from pram_lib.ops.audit import sha256_file
+    from pram_lib.pipeline import release, stream
     from pram_lib.spec import SpecError, load_spec
 
     try:
@@ -244,8 +243,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0: every check OK; 1: a check FAILed; 3: AUDIT NOT CHECKED (no audit log given or found);
     4: no failure, but a WARNing (e.g. the audit log has no head file yet)."""
     from pram_lib.ops.audit import LOCAL_LIMIT
-    from pram_lib.spec import SpecError
     from pram_lib.ops.verify import audit_for_spec, find_audit, verify_release
+    from pram_lib.spec import SpecError
 
     folder = Path(args.release)
     audit, how = None, ""

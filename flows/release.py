@@ -11,12 +11,12 @@ from prefect import flow
 
 from pram_lib.pipeline import stream
 from pram_lib.spec import check_streamable
+from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, open_source_task, perturb_chunks_task,
+                          perturb_pass_task, profile_chunks_task, profile_pass_task, seed_task, source_unchanged_task)
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, fixed_seed  # noqa: F401 (the gate's refusal)
-from tasks.release_tasks import (choose_channels_task, estimate_task, finish_profile_task, internal_report_task,
-                                 load_spec_task, map_fold, open_source_task, perturb_chunks_task, perturb_pass_task,
-                                 profile_chunks_task, profile_pass_task, publish_task, reserve_budget_task, seed_task,
-                                 source_unchanged_task, stage_task, start_run_task, validate_task)
+from tasks.results import estimate_task, internal_report_task, publish_task, stage_task, validate_task
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
+from tasks.run_log import load_spec_task, reserve_budget_task, start_run_task
 
 Engine = Literal["memory", "stream", "dask"]
 

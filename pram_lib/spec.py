@@ -6,19 +6,20 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator,
                       model_validator)
 
-CATEGORICAL_CHANNELS = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
-NOISE_CHANNELS = ("gamma-noise", "laplace-noise")
-GROUP_CHANNELS = ("rr-independent", "rr-joint", "rr-clusters")
-CHANNELS = CATEGORICAL_CHANNELS + NOISE_CHANNELS + GROUP_CHANNELS
-LEVEL_CHANNELS = ("pram-optimal", "rr-uniform") + GROUP_CHANNELS
-DATA_PRIOR_CHANNELS = ("pram-optimal", "pram-invariant")   # channels whose matrix is chosen from a prior
-MIN_PRIOR_ROWS = 100   # a data prior from fewer rows is refused: one record would move a frequency by > 1 point
+from pram_lib.core.strict import Strict as _Strict
+from pram_lib.families import BY_CHANNEL, REGISTRY, family_of
+from pram_lib.families.base import LEAK_FIX, leak_problem  # noqa: F401 (the spec's errors, re-exported)
+from pram_lib.families.categorical import MIN_PRIOR_ROWS, PriorDP, PriorFile  # noqa: F401 (re-exported)
+from pram_lib.families.group import Clustering  # noqa: F401 (re-exported)
+from pram_lib.families.noise import Protection  # noqa: F401 (re-exported)
+
+CHANNELS = tuple(BY_CHANNEL)   # every `channel:` a spec may name: the family registry's
 
 
 class SpecError(ValueError):
@@ -44,68 +45,6 @@ def _check_slug(v: str, problem: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
         raise ValueError(problem)
     return v
-
-
-def _leaf_types(ann: Any) -> set:
-    args = get_args(ann)
-    return {ann} if not args else set().union(*(_leaf_types(a) for a in args if a is not ann))
-
-
-def _has_bool(v: Any) -> bool:
-    return isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(_has_bool(x) for x in v))
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers_are_not_booleans(cls, v: Any, info: ValidationInfo) -> Any:
-        # pydantic reads true as 1.0 for a float (YAML 1.1 also reads yes/no/on/off as booleans): `alpha: true`
-        # would be a level nobody wrote. Every field that takes numbers (and not booleans) refuses them.
-        if _has_bool(v):
-            leaves = _leaf_types(cls.model_fields[info.field_name].annotation)
-            if leaves & {float, int} and bool not in leaves:
-                raise ValueError("true/false is not a number (YAML reads unquoted yes/no/on/off/true/false as "
-                                 "booleans)")
-        return v
-
-
-class PriorFile(_Strict):
-    file: str = Field(description="CSV with columns category,probability (or count): a PUBLIC reference")
-
-
-class PriorDP(_Strict):
-    dp: float = Field(gt=0, description="ε0 spent on a differentially private histogram of the source")
-
-
-Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
-
-
-class Protection(_Strict):
-    """The Ghatak–Sengupta–Roy level: sup_z P(|X - Z| < Q·σ_X | Z = z) ≤ δ (NOT differential privacy)."""
-
-    Q: float = Field(default=0.75, gt=0, description="window half-width in units of σ_X")
-    delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
-
-
-class Clustering(_Strict):
-    """How rr-clusters finds its clusters (Algorithm 1 of Domingo-Ferrer & Soria-Comas)."""
-
-    T_v: float = Field(default=1000, gt=1, description="largest cluster domain (product of category counts)")
-    T_d: float = Field(default=0.1, ge=0, le=1, description="smallest Cramér's V that links two attributes")
-    measure: Literal["pairs", "attributes"] = "pairs"
-    alpha: float | None = Field(default=None, gt=0, description="ε spent measuring dependence on randomized data")
-    public: list[list[str]] | None = Field(default=None, description="clusters declared public (no ε spent)")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "Clustering":
-        if self.public is None and self.alpha is None:
-            raise ValueError("the dependence is measured on randomized data: give its budget `alpha:` "
-                             "(or declare the clusters public with `public: [[a, b], [c]]`)")
-        if self.public is not None and self.alpha is not None:
-            raise ValueError("public clusters spend no budget: drop `alpha:` or `public:`")
-        return self
 
 
 class PopulationSpec(_Strict):
@@ -156,200 +95,39 @@ class SourceSpec(_Strict):
         return self
 
 
-class VariableSpec(_Strict):
-    column: str | None = None
-    columns: list[str] | None = None     # a group of categorical variables with one channel
-    name: str | None = None              # a group's name (default: its columns joined by '+')
-    adjust: bool = False                 # groups: publish RR-Adjustment weights
-    clustering: Clustering | None = None
-    channel: str
-    alpha: float | None = None
-    gamma: float | None = None
-    categories: list[Union[str, int]] | None = None
-    matrix: list[list[float]] | None = None
-    min_diagonal: float | None = None
-    prior: Prior = "data"                # pram-optimal with `strata:` and no `prior:` takes "uniform" (see README)
-    min_prior_rows: int = Field(default=MIN_PRIOR_ROWS, ge=1)  # a data prior is refused below this many rows
-    strata: list[str] = Field(default_factory=list)
-    public: bool = False             # the variable is public information: a channel with ε = ∞ is accepted
-    missing: Literal["keep", "category"] = "keep"  # categorical: missing released as missing, or perturbed
-    # continuous variables (gamma-noise, laplace-noise)
-    protection: Protection | None = None
-    theta: float | None = Field(default=None, gt=0, le=1)
-    eta: float | None = Field(default=None, gt=0)
-    theta_min: float = Field(default=0.05, gt=0, le=1)
-    transform: Literal["none", "log1p"] = "none"
-    point_masses: list[float] = Field(default_factory=list)
-    resolution: float | None = Field(default=None, gt=0)
-    bounds: tuple[float, float] | None = None
-    accept_lower_protection: bool = False  # a fixed eta may reach a weaker level than `protection:` (reported)
+def _shape(raw: Any) -> Any:
+    """Before a variable is read by its family's model: `column:` or `columns:` fits the channel, and keys
+    that belong to another family are named with what they are for (instead of 'extra inputs')."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("channel"), str) or raw["channel"] not in BY_CHANNEL:
+        return raw   # an unknown or missing channel: the union says so
+    channel = raw["channel"]
+    model = BY_CHANNEL[channel].spec_model
+    own = set(model.model_fields)
+    if ("column" in raw) == ("columns" in raw):
+        raise ValueError("give `column:` (one variable) or `columns:` (a group with an rr-independent, "
+                         "rr-joint or rr-clusters channel), exactly one")
+    groups = [c for f in REGISTRY if "columns" in f.spec_model.model_fields for c in f.channels]
+    if "columns" in raw and "columns" not in own:
+        raise ValueError(f"a group (`columns:`) needs channel {', '.join(groups)}, not {channel}")
+    if "column" in raw and "column" not in own:
+        raise ValueError(f"{channel} randomizes a group: use `columns: [a, b, ...]` instead of `column:`")
+    foreign = set(raw) - own
+    if foreign:
+        owners = {k: f.kind for f in REGISTRY for k in f.spec_model.model_fields}
+        problem = model.foreign_problem(channel, foreign, owners)
+        if problem:
+            raise ValueError(problem)
+    return raw
 
-    @field_validator("channel")
-    @classmethod
-    def _known_channel(cls, v: str) -> str:
-        if v not in CHANNELS:
-            raise ValueError(f"unknown channel; expected one of {', '.join(CHANNELS)}")
-        return v
 
-    @field_validator("missing")
-    @classmethod
-    def _missing_is_for_categories(cls, v: str, info) -> str:
-        if v == "category" and info.data.get("channel") in NOISE_CHANNELS:
-            raise ValueError(f"{info.data['channel']} adds noise to numbers: a missing value cannot be one more "
-                             "category; drop `missing:` (missing values of a noised variable stay missing)")
-        return v
+def _channel_of(raw: Any) -> str | None:
+    channel = raw.get("channel") if isinstance(raw, dict) else getattr(raw, "channel", None)
+    return channel if channel is None or isinstance(channel, str) else repr(channel)   # a list: not a channel
 
-    @field_validator("alpha")
-    @classmethod
-    def _alpha_positive(cls, v: float | None) -> float | None:
-        if v is not None and not (v > 0 and math.isfinite(v)):
-            raise ValueError("alpha must be a finite number > 0 (alpha = 0 would release nothing)")
-        return v
 
-    @field_validator("gamma")
-    @classmethod
-    def _gamma_above_one(cls, v: float | None) -> float | None:
-        if v is not None and not (v > 1 and math.isfinite(v)):
-            raise ValueError("gamma must be a finite number > 1 (gamma = e^alpha)")
-        return v
-
-    @field_validator("min_diagonal")
-    @classmethod
-    def _min_diag(cls, v: float | None) -> float | None:
-        if v is not None and not (0 < v < 1):
-            raise ValueError("min_diagonal must lie in (0, 1)")
-        return v
-
-    @model_validator(mode="after")
-    def _level_rules(self) -> "VariableSpec":
-        if (self.column is None) == (self.columns is None):
-            raise ValueError("give `column:` (one variable) or `columns:` (a group with an rr-independent, "
-                             "rr-joint or rr-clusters channel), exactly one")
-        if self.columns is not None:
-            self._group_rules()
-        elif self.channel in GROUP_CHANNELS:
-            raise ValueError(f"{self.channel} randomizes a group: use `columns: [a, b, ...]` instead of `column:`")
-        elif {"name", "adjust", "clustering"} & self.model_fields_set:
-            raise ValueError("`name:`, `adjust:` and `clustering:` are for groups (`columns:`)")
-        if self.alpha is not None and self.gamma is not None:
-            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
-        if self.channel in LEVEL_CHANNELS and self.alpha is None and self.gamma is None:
-            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
-        if self.channel == "pram-custom":
-            if self.matrix is None or self.categories is None:
-                raise ValueError("channel pram-custom needs `matrix:` and `categories:`")
-        elif self.matrix is not None:
-            raise ValueError(f"`matrix:` is only for channel pram-custom, not {self.channel}")
-        if self.channel == "pram-invariant" and self.min_diagonal is None:
-            raise ValueError("channel pram-invariant needs `min_diagonal:` (smallest keep probability)")
-        if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma):
-            raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma")
-        if self.channel == "rr-uniform" and self.prior != "data":
-            raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
-        noise_keys = {"protection", "theta", "eta", "theta_min", "transform", "point_masses", "resolution", "bounds",
-                      "accept_lower_protection"}
-        if self.channel in NOISE_CHANNELS:
-            self._noise_rules()
-        elif noise_keys & self.model_fields_set:
-            raise ValueError(f"{sorted(noise_keys & self.model_fields_set)} are for gamma-noise/laplace-noise, "
-                             f"not {self.channel}")
-        if self.channel == "pram-optimal" and self.strata and "prior" not in self.model_fields_set:
-            # Each stratum's matrix would be chosen from that stratum's raw frequencies (README, `prior:`).
-            self.__dict__["prior"] = "uniform"
-        if "min_prior_rows" in self.model_fields_set and (self.channel not in DATA_PRIOR_CHANNELS
-                                                          or self.prior != "data"):
-            raise ValueError("`min_prior_rows:` is the smallest number of rows a data prior (`prior: data`) of "
-                             "pram-optimal or pram-invariant is taken from; this variable has no data prior "
-                             f"(channel {self.channel}, prior {self.prior if isinstance(self.prior, str) else 'given'})"
-                             ": drop it" + (", or add `prior: data`" if self.channel in DATA_PRIOR_CHANNELS else ""))
-        return self
-
-    def _group_rules(self) -> None:
-        if self.channel not in GROUP_CHANNELS:
-            raise ValueError(f"a group (`columns:`) needs channel {', '.join(GROUP_CHANNELS)}, not {self.channel}")
-        if len(self.columns) < 2 or len(set(self.columns)) != len(self.columns):
-            raise ValueError("a group needs at least two distinct columns")
-        allowed = {"column", "columns", "name", "adjust", "clustering", "channel", "alpha", "gamma"}
-        extra = sorted(set(self.model_fields_set) - allowed)
-        if extra:
-            raise ValueError(f"{extra} do not apply to a group channel (allowed: {sorted(allowed - {'column'})})")
-        if self.channel == "rr-clusters" and self.clustering is None:
-            raise ValueError("rr-clusters needs `clustering: {T_v: ..., T_d: ..., measure: pairs, alpha: ...}`")
-        if self.channel != "rr-clusters" and self.clustering is not None:
-            raise ValueError(f"`clustering:` is only for rr-clusters, not {self.channel}")
-        if self.clustering is not None and self.clustering.public is not None:
-            named = [c for cl in self.clustering.public for c in cl]
-            if sorted(named) != sorted(self.columns):
-                raise ValueError("public clusters must name every column of the group exactly once")
-
-    @property
-    def is_group(self) -> bool:
-        return self.columns is not None
-
-    @property
-    def weight_column(self) -> str:
-        """The released column of a group's RR-Adjustment weights."""
-        return f"{self.name or 'rr'}_weight"
-
-    @property
-    def key(self) -> str:
-        """The variable's column, or the group's name."""
-        return self.column if self.columns is None else (self.name or "+".join(self.columns))
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.columns) if self.columns is not None else [self.column]
-
-    @property
-    def dependence_epsilon(self) -> float:
-        c = self.clustering
-        return c.alpha if c is not None and c.alpha is not None else 0.0
-
-    def _noise_rules(self) -> None:
-        c = self.channel
-        if self.alpha is not None or self.gamma is not None:
-            raise ValueError(f"{c} is not differential privacy and has no alpha/gamma; set `protection: "
-                             "{Q: 0.75, delta: 0.9}` or fixed `theta:`/`eta:`")
-        for key in ("categories", "matrix", "min_diagonal"):
-            if getattr(self, key) is not None:
-                raise ValueError(f"`{key}:` is for categorical channels, not {c}")
-        if self.strata:
-            raise ValueError(f"{c} does not support strata yet; drop `strata:`")
-
-        if self.public:
-            raise ValueError(f"{c} is not differential privacy and is reported as such already; drop `public:`")
-        if "prior" in self.model_fields_set:
-            raise ValueError(f"{c} has no prior; drop `prior:`")
-        if c == "laplace-noise" and self.theta not in (None, 1.0):
-            raise ValueError("laplace-noise is the theta = 1 member; drop `theta:` or use gamma-noise")
-        if self.eta is not None and self.protection is not None:
-            raise ValueError("give either a fixed `eta:` or a `protection:` level to meet, not both")
-        if self.accept_lower_protection and self.eta is None:
-            raise ValueError("`accept_lower_protection:` is for a fixed `eta:` (an optimised eta always meets "
-                             "the level); drop it")
-        if self.bounds is not None and not self.bounds[0] < self.bounds[1]:
-            raise ValueError("bounds must be [lower, upper] with lower < upper")
-
-    @property
-    def is_noise(self) -> bool:
-        return self.channel in NOISE_CHANNELS
-
-    @property
-    def level(self) -> Protection:
-        return self.protection or Protection()
-
-    @property
-    def epsilon(self) -> float | None:
-        """The stated level as ε (None when the channel's matrix sets it)."""
-        if self.alpha is not None:
-            return self.alpha
-        if self.gamma is not None:
-            return math.log(self.gamma)
-        return None
-
-    @property
-    def prior_epsilon(self) -> float:
-        return self.prior.dp if isinstance(self.prior, PriorDP) else 0.0
+# A variable is read by the model of the family its `channel:` names (one tagged member per channel name).
+VariableSpec = Annotated[Annotated[Union[tuple(Annotated[f.spec_model, Tag(c)] for f in REGISTRY for c in f.channels)],
+                                   Discriminator(_channel_of)], BeforeValidator(_shape)]
 
 
 class ValidationSpec(_Strict):
@@ -434,7 +212,7 @@ class ReleaseSpec(_Strict):
 
     def variable_loc(self, column: str) -> tuple:
         for i, v in enumerate(self.variables):
-            if column in (v.column, v.key) or (v.is_group and column in v.columns):
+            if column == v.key or column in v.names:
                 return ("variables", i)
         return ("variables",)
 
@@ -522,7 +300,7 @@ def _clean_pydantic_loc(loc: tuple) -> tuple:
     # (but not fields whose names start with a capital: Q, T_v, T_d).
     fields = _field_names()
     return tuple(p for p in loc if isinstance(p, int) or p in fields
-                 or not (p.startswith(("literal[", "function-")) or p[:1].isupper()))
+                 or not (p.startswith(("literal[", "function-")) or p[:1].isupper() or p in BY_CHANNEL))
 
 
 _FIXES = {
@@ -577,11 +355,15 @@ def load_spec(path: str | Path) -> ReleaseSpec:
         generic = {"missing", "extra_forbidden", "literal_error", "model_type", "dict_type"}
         err = min(exc.errors(), key=lambda e: (e["type"] in generic, -len(e["loc"])))
         loc = _clean_pydantic_loc(tuple(err["loc"]))
-        line, col = _locate(marks, loc)
         found = err.get("input")
+        problem = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):   # the family registry has no such channel
+            loc, found = loc + ("channel",), found.get("channel") if isinstance(found, dict) else None
+            problem = f"unknown channel; expected one of {', '.join(CHANNELS)}" if found is not None else \
+                f"missing channel; one of {', '.join(CHANNELS)}"
+        line, col = _locate(marks, loc)
         if isinstance(found, (dict, list)) and err["type"] != "extra_forbidden":
             found = None
-        problem = err["msg"].removeprefix("Value error, ")
         fix = _FIXES.get(err["type"], "see the spec reference in README.md")
         if problem.startswith("true/false is not a number"):
             fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
@@ -598,15 +380,7 @@ def check_spec(spec: ReleaseSpec) -> None:
     _check_locations(spec)
     _check_names(spec)
     for i, v in enumerate(spec.variables):
-        if v.is_group:
-            continue
-        for j, s in enumerate(v.strata):
-            if s not in spec.passthrough:
-                raise spec.error(("variables", i, "strata", j),
-                                 "a stratum column must be released unchanged so analysts can use it", s,
-                                 f"add {s!r} to `passthrough:` (the report flags it)")
-        if v.channel == "pram-custom":
-            _check_custom(spec, i, v)
+        family_of(v).check_spec(spec, i, v)
     if spec.engine.mode != "memory":
         check_streamable(spec, spec.engine.mode)
     spent = static_budget(spec)
@@ -615,8 +389,8 @@ def check_spec(spec: ReleaseSpec) -> None:
                          "cap", spec.population.cap, "lower the variables' levels (the cap bounds every release "
                          "of the population together)")
     if spent > spec.budget + 1e-12:
-        parts = ", ".join(f"{v.key}={v.epsilon + v.dependence_epsilon if v.epsilon is not None else 'matrix'}"
-                          for v in spec.variables if not v.is_noise)
+        parts = ", ".join(f"{v.key}={family_of(v).static_epsilon(v):.4g}" for v in spec.variables
+                          if family_of(v).static_epsilon(v) > 0)
         raise spec.error(("budget",), f"the variables spend ε = {spent:.4g} in total (sequential composition: "
                          f"{parts}), over the budget", spec.budget,
                          "raise `budget:` or lower the variables' alpha/gamma")
@@ -672,20 +446,11 @@ def _check_names(spec: ReleaseSpec) -> None:
                          "rename one of them (a group's RR-Adjustment weights take the column `<name>_weight`: "
                          "give the group a `name:`)" if kind == "RR-Adjustment weights" else "remove one of them")
 
-    for i, v in enumerate(spec.variables):
-        if v.is_group:
-            for j, col in enumerate(v.columns):
-                claim(col, ("variables", i, "columns", j), "a variable")
-        else:
-            claim(v.column, ("variables", i, "column"), "a variable")
-    for j, col in enumerate(spec.passthrough):
-        claim(col, ("passthrough", j), "a pass-through column")
-    for i, v in enumerate(spec.variables):
-        if v.is_group and v.adjust:
-            claim(v.weight_column, ("variables", i, "name" if v.name else "adjust"), "RR-Adjustment weights")
-    for i, v in enumerate(spec.variables):
-        if v.is_group:
-            claim(v.key, ("variables", i, "name" if v.name else "columns"), "a group's name")
+    claims = [c for i, v in enumerate(spec.variables) for c in family_of(v).released_names(v, i)]
+    claims += [(col, ("passthrough", j), "a pass-through column") for j, col in enumerate(spec.passthrough)]
+    rank = {"a variable": 0, "a pass-through column": 1, "RR-Adjustment weights": 2, "a group's name": 3}
+    for name, loc, kind in sorted(claims, key=lambda c: rank.get(c[2], 2)):
+        claim(name, loc, kind)
 
 
 def check_streamable(spec: ReleaseSpec, mode: str) -> None:
@@ -694,51 +459,7 @@ def check_streamable(spec: ReleaseSpec, mode: str) -> None:
     if mode == "memory":
         return
     for i, v in enumerate(spec.variables):
-        if v.is_group and v.adjust:
-            raise spec.error(("variables", i, "adjust"), "RR-Adjustment weights need the whole released table, "
-                             f"which engine mode {mode!r} never holds", True,
-                             "drop `adjust: true`, or use `engine: {mode: memory}`")
-        if v.is_group and v.clustering is not None and v.clustering.public is None:
-            raise spec.error(("variables", i, "clustering"), "measuring dependence on randomized data needs the "
-                             f"whole table, which engine mode {mode!r} never holds", None,
-                             "declare the clusters public (`clustering: {public: [[...], ...]}`), use "
-                             "rr-independent / rr-joint, or use `engine: {mode: memory}`")
-
-
-def _check_custom(spec: ReleaseSpec, i: int, v: VariableSpec) -> None:
-    import numpy as np
-
-    m = np.asarray(v.matrix, dtype=float) if v.matrix and all(isinstance(r, list) for r in v.matrix) else None
-    if m is None or m.ndim != 2:
-        raise spec.error(("variables", i, "matrix"), "the matrix must be a list of rows of numbers",
-                         fix="write one row per category")
-    k = len(v.categories)
-    if m.shape[0] != k:
-        raise spec.error(("variables", i, "matrix"), f"{m.shape[0]} rows for {k} categories", fix="one row per category")
-    if len(set(map(str, v.categories))) != k:
-        raise spec.error(("variables", i, "categories"), "categories repeat", v.categories, "name each once")
-    for r, row in enumerate(m):
-        if not np.all(np.isfinite(row)) or np.any(row < 0):
-            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) has a negative or "
-                             "non-finite entry", row.tolist(), "probabilities are numbers in [0, 1]")
-        if abs(row.sum() - 1.0) > 1e-9:
-            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) sums to "
-                             f"{row.sum():.12g}, not 1", row.tolist(),
-                             "each row is P(released | true) and must sum to 1")
-    from pram_lib.core.channel import dense_epsilon
-
-    if not v.public and math.isinf(dense_epsilon(m)):
-        raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
-
-
-LEAK_FIX = ("if {col!r} is public information, mark the variable `public: true` (it is then listed as unprotected "
-            "in the report and spends no ε); otherwise use a matrix with no zero in a column that has a positive "
-            "entry, or channel pram-optimal / rr-uniform")
-
-
-def leak_problem(column: str) -> str:
-    return (f"the channel of {column!r} gives no privacy (ε = ∞: some released category rules out some true "
-            "category, so records can be pinned down)")
+        family_of(v).check_streamable(spec, i, v, mode)
 
 
 def ledger_bound(spec: ReleaseSpec) -> float:
@@ -747,27 +468,14 @@ def ledger_bound(spec: ReleaseSpec) -> float:
     `static_budget` when every DP variable's ε follows from the spec; an invariant-PRAM channel's ε
     depends on the data, so then the spec's `budget:` (the chosen channels are refused above it).
     """
-    if any(v.channel == "pram-invariant" and not v.public for v in spec.variables):
+    if any(family_of(v).epsilon_from_data(v) for v in spec.variables):
         return float(spec.budget)
     return static_budget(spec)
 
 
 def static_budget(spec: ReleaseSpec) -> float:
     """ε per record known before reading data: Σ over variables (sequential composition)."""
-    import numpy as np
-
-    from pram_lib.core.channel import dense_epsilon
-
-    total = 0.0
-    for v in spec.variables:
-        if v.is_noise or v.public:
-            continue  # noise: not DP, reported with its own measure; public: no privacy claimed
-        total += v.prior_epsilon + v.dependence_epsilon
-        if v.epsilon is not None:
-            total += v.epsilon
-        elif v.channel == "pram-custom":
-            total += dense_epsilon(np.asarray(v.matrix, dtype=float))
-    return total
+    return sum(family_of(v).static_epsilon(v) for v in spec.variables)
 
 
 def named_private_store(spec_path: str | Path) -> Path | None:

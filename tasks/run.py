@@ -18,10 +18,11 @@ from prefect.artifacts import create_markdown_artifact
 
 from pram_lib import __version__
 from pram_lib.ops import audit
-from pram_lib.pipeline import publish, release
 from pram_lib.ops.audit import utc_now
+from pram_lib.pipeline import publish, release
 from tasks.privacy import StepFailed, current_fixed_seed
-from tasks.release_tasks import audit_task, finish_run_task, hand_over_journal, release_key, settle_budget_task
+from tasks.run_log import audit_task, finish_run_task, hand_over_journal, settle_budget_task
+from tasks.steps import release_key
 
 
 def _git_commit() -> str | None:

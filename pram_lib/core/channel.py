@@ -11,9 +11,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pram_lib.core.jsonable import to_json
 from pram_lib.core import perturb as _perturb
 from pram_lib.core.guarantee import LDP
+from pram_lib.core.jsonable import to_json
 
 MISSING = -1  # code of a missing value; it stays missing through every channel
 

@@ -12,6 +12,7 @@ in any grouping and order; per-row randomness makes the result the same for any 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import pandas as pd
@@ -32,6 +33,26 @@ class Family:
     kind: str = ""                 # how reports name it: categorical, group, continuous
     channels: tuple[str, ...] = ()  # the spec's `channel:` names it serves
     slot: str = ""                 # where its profile entries live in Profile (variables, groups, numeric)
+    spec_model: type = object      # its variables' spec (a pydantic model; `channel` is its Literal tag)
+
+    # -- the spec (no data read) ----------------------------------------------------------------------
+    def check_spec(self, spec, i: int, v) -> None:
+        """Rules that need the whole spec (pass-through columns, a matrix's rows)."""
+
+    def static_epsilon(self, v) -> float:
+        """ε per record the spec states (0: no DP claimed)."""
+        return 0.0
+
+    def epsilon_from_data(self, v) -> bool:
+        """Whether the channel's ε is known only once it is chosen from the data (then the budget bounds it)."""
+        return False
+
+    def released_names(self, v, i: int) -> list[tuple[str, tuple, str]]:
+        """(released column or name, its spec location, what it is) for every name the variable claims."""
+        return [(v.column, ("variables", i, "column"), "a variable")]
+
+    def check_streamable(self, spec, i: int, v, mode: str) -> None:
+        """Refuse what needs the whole table in one chunk when `mode` reads many chunks."""
 
     # -- reading ----------------------------------------------------------------------------------------
     def text_columns(self, v) -> list[str]:
@@ -131,6 +152,31 @@ class Family:
 
 
 PRIORS_FOR_REPORT = (0.01, 0.10, 0.50)   # the report's intruder priors
+LEAK_FIX = ("if {col!r} is public information, mark the variable `public: true` (it is then listed as unprotected "
+            "in the report and spends no ε); otherwise use a matrix with no zero in a column that has a positive "
+            "entry, or channel pram-optimal / rr-uniform")
+
+
+def leak_problem(column: str) -> str:
+    return (f"the channel of {column!r} gives no privacy (ε = ∞: some released category rules out some true "
+            "category, so records can be pinned down)")
+
+
+def check_alpha(v: float | None) -> float | None:
+    if v is not None and not (v > 0 and math.isfinite(v)):
+        raise ValueError("alpha must be a finite number > 0 (alpha = 0 would release nothing)")
+    return v
+
+
+def check_gamma(v: float | None) -> float | None:
+    if v is not None and not (v > 1 and math.isfinite(v)):
+        raise ValueError("gamma must be a finite number > 1 (gamma = e^alpha)")
+    return v
+
+
+def epsilon_of(alpha: float | None, gamma: float | None) -> float | None:
+    """A stated level as ε: alpha, or log gamma (None when neither is given)."""
+    return alpha if alpha is not None else math.log(gamma) if gamma is not None else None
 
 
 def pct(level: float) -> str:

@@ -10,26 +10,185 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal, Union
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator, model_validator
 
-from pram_lib.core.channel import encode
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
-from pram_lib.families.base import PRIORS_FOR_REPORT, Family, exact, pct
-from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, VariableProfile, check_strata,
-                            keyed_generator, stratum_label)
-from pram_lib.core.validate import channel_consistency_test
+from pram_lib.core.channel import dense_epsilon, encode
+from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
-from pram_lib.spec import PriorDP, PriorFile
+from pram_lib.core.strict import Strict
+from pram_lib.core.validate import channel_consistency_test
+from pram_lib.families.base import (LEAK_FIX, PRIORS_FOR_REPORT, Family, check_alpha, check_gamma, epsilon_of, exact,
+                                    leak_problem, pct)
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 PERTURB = 0                      # randomness key purpose of the perturbation
 
-if TYPE_CHECKING:
-    from pram_lib.spec import ReleaseSpec
+
+# -- the spec of a categorical variable ---------------------------------------------------------------
+MIN_PRIOR_ROWS = 100   # a data prior from fewer rows is refused: one record would move a frequency by > 1 point
+LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")                # the spec states ε (alpha or gamma)
+DATA_PRIOR_CHANNELS = ("pram-optimal", "pram-invariant")       # channels whose matrix is chosen from a prior
+
+
+class PriorFile(Strict):
+    file: str = Field(description="CSV with columns category,probability (or count): a PUBLIC reference")
+
+
+class PriorDP(Strict):
+    dp: float = Field(gt=0, description="ε0 spent on a differentially private histogram of the source")
+
+
+Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
+
+
+class CategoricalVariable(Strict):
+    """A categorical variable released through one channel per stratum."""
+
+    column: str
+    channel: Literal["pram-optimal", "rr-uniform", "pram-custom", "pram-invariant"]
+    alpha: float | None = None
+    gamma: float | None = None
+    categories: list[Union[str, int]] | None = None
+    matrix: list[list[float]] | None = None
+    min_diagonal: float | None = None
+    prior: Prior = "data"                # pram-optimal with `strata:` and no `prior:` takes "uniform" (see README)
+    min_prior_rows: int = Field(default=MIN_PRIOR_ROWS, ge=1)  # a data prior is refused below this many rows
+    strata: list[str] = Field(default_factory=list)
+    public: bool = False             # the variable is public information: a channel with ε = ∞ is accepted
+    missing: Literal["keep", "category"] = "keep"  # missing released as missing, or perturbed as a category
+
+    @classmethod
+    def foreign_problem(cls, channel: str, keys: set[str], owners: dict[str, str]) -> str | None:
+        group = {"name", "adjust", "clustering"} & keys
+        if group:
+            return "`name:`, `adjust:` and `clustering:` are for groups (`columns:`)"
+        noise = sorted(k for k in keys if owners.get(k) == "continuous")
+        if noise:
+            return f"{noise} are for gamma-noise/laplace-noise, not {channel}"
+        return None
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_positive(cls, v: float | None) -> float | None:
+        return check_alpha(v)
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma_above_one(cls, v: float | None) -> float | None:
+        return check_gamma(v)
+
+    @field_validator("min_diagonal")
+    @classmethod
+    def _min_diag(cls, v: float | None) -> float | None:
+        if v is not None and not (0 < v < 1):
+            raise ValueError("min_diagonal must lie in (0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self) -> "CategoricalVariable":
+        if self.alpha is not None and self.gamma is not None:
+            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
+        if self.channel in LEVEL_CHANNELS and self.alpha is None and self.gamma is None:
+            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+        if self.channel == "pram-custom":
+            if self.matrix is None or self.categories is None:
+                raise ValueError("channel pram-custom needs `matrix:` and `categories:`")
+        elif self.matrix is not None:
+            raise ValueError(f"`matrix:` is only for channel pram-custom, not {self.channel}")
+        if self.channel == "pram-invariant" and self.min_diagonal is None:
+            raise ValueError("channel pram-invariant needs `min_diagonal:` (smallest keep probability)")
+        if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma):
+            raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma")
+        if self.channel == "rr-uniform" and self.prior != "data":
+            raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
+        if self.channel == "pram-optimal" and self.strata and "prior" not in self.model_fields_set:
+            # Each stratum's matrix would be chosen from that stratum's raw frequencies (README, `prior:`).
+            self.__dict__["prior"] = "uniform"
+        if "min_prior_rows" in self.model_fields_set and (self.channel not in DATA_PRIOR_CHANNELS
+                                                          or self.prior != "data"):
+            raise ValueError("`min_prior_rows:` is the smallest number of rows a data prior (`prior: data`) of "
+                             "pram-optimal or pram-invariant is taken from; this variable has no data prior "
+                             f"(channel {self.channel}, prior {self.prior if isinstance(self.prior, str) else 'given'})"
+                             ": drop it" + (", or add `prior: data`" if self.channel in DATA_PRIOR_CHANNELS else ""))
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.column
+
+    @property
+    def names(self) -> list[str]:
+        return [self.column]
+
+    @property
+    def stratum_columns(self) -> list[str]:
+        return list(self.strata)
+
+    @property
+    def epsilon(self) -> float | None:
+        """The stated level as ε (None when the channel's matrix sets it)."""
+        return epsilon_of(self.alpha, self.gamma)
+
+    @property
+    def prior_epsilon(self) -> float:
+        return self.prior.dp if isinstance(self.prior, PriorDP) else 0.0
+
+
+def check_strata(spec, i: int, v, vp) -> None:
+    """Refuse strata too fine for the gate's χ² consistency check (known from the profile, before any channel).
+
+    The check of one stratum refers a quadratic form of its released counts to χ², which needs expected
+    counts of about ``validation.min_expected`` (5, Cochran's rule) per released category. The expected
+    counts of a stratum sum to its n_s non-missing records over k categories, so a stratum with
+    n_s < min_expected · k has a mean expected count below the rule. A continuous or identifier-like
+    stratum column gives about one record per stratum and fails at once.
+    """
+    if not v.strata or spec.validation.min_expected <= 0:
+        return
+    k = len(vp.categories)
+    sizes = np.array([float(np.sum(vp.counts[key])) for key in vp.strata])
+    need = spec.validation.min_expected * k
+    small = (sizes > 0) & (sizes < need)
+    if small.any():
+        raise spec.error(
+            ("variables", i, "strata"),
+            f"the strata of {v.column!r} are too fine for the gate: some strata have fewer than "
+            f"{spec.validation.min_expected:g} records per category on average, so the χ² consistency check of "
+            "their released counts is meaningless (counts are under `found`)",
+            {"strata": int(sizes.size), "strata_too_small": int(small.sum()),
+             "smallest_stratum": int(sizes[small].min()), "records_needed_per_stratum": int(np.ceil(need)),
+             "categories": k},
+            "coarsen the stratum column (e.g. age bands instead of single years; merge rare values), stratify on "
+            "fewer columns, or drop `strata:`; `validation.min_expected:` sets the records needed per category")
+
+
+def check_custom_matrix(spec, i: int, v) -> None:
+    """A pram-custom matrix: one row per declared category, each a probability distribution; ε finite."""
+    m = np.asarray(v.matrix, dtype=float) if v.matrix and all(isinstance(r, list) for r in v.matrix) else None
+    if m is None or m.ndim != 2:
+        raise spec.error(("variables", i, "matrix"), "the matrix must be a list of rows of numbers",
+                         fix="write one row per category")
+    k = len(v.categories)
+    if m.shape[0] != k:
+        raise spec.error(("variables", i, "matrix"), f"{m.shape[0]} rows for {k} categories", fix="one row per category")
+    if len(set(map(str, v.categories))) != k:
+        raise spec.error(("variables", i, "categories"), "categories repeat", v.categories, "name each once")
+    for r, row in enumerate(m):
+        if not np.all(np.isfinite(row)) or np.any(row < 0):
+            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) has a negative or "
+                             "non-finite entry", row.tolist(), "probabilities are numbers in [0, 1]")
+        if abs(row.sum() - 1.0) > 1e-9:
+            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) sums to "
+                             f"{row.sum():.12g}, not 1", row.tolist(),
+                             "each row is P(released | true) and must sum to 1")
+    if not v.public and math.isinf(dense_epsilon(m)):
+        raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
 
 
 def value_key(x) -> object:
@@ -51,7 +210,7 @@ def key_order(key: tuple) -> tuple:
     return tuple((x is None, str(x)) for x in key)
 
 
-def missing_as_category(spec: ReleaseSpec, i: int, col: pd.Series) -> pd.Series:
+def missing_as_category(spec, i: int, col: pd.Series) -> pd.Series:
     """`missing: category`: missing values become the category '<missing>' (then profiled and perturbed like
     any other); a real value '<missing>' in the source would be merged with them, so it is refused."""
     if bool((col == MISSING).fillna(False).any()):
@@ -165,6 +324,28 @@ class Categorical(Family):
     kind = "categorical"
     channels = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
     slot = "variables"
+    spec_model = CategoricalVariable
+
+    def check_spec(self, spec, i, v):
+        for j, s in enumerate(v.strata):
+            if s not in spec.passthrough:
+                raise spec.error(("variables", i, "strata", j),
+                                 "a stratum column must be released unchanged so analysts can use it", s,
+                                 f"add {s!r} to `passthrough:` (the report flags it)")
+        if v.channel == "pram-custom":
+            check_custom_matrix(spec, i, v)
+
+    def static_epsilon(self, v):
+        if v.public:
+            return 0.0   # no privacy claimed
+        if v.epsilon is not None:
+            return v.prior_epsilon + v.epsilon
+        if v.channel == "pram-custom":
+            return v.prior_epsilon + dense_epsilon(np.asarray(v.matrix, dtype=float))
+        return v.prior_epsilon   # pram-invariant: its matrix's ε follows from the data (epsilon_from_data)
+
+    def epsilon_from_data(self, v):
+        return v.channel == "pram-invariant" and not v.public
 
     def text_columns(self, v):
         return [v.column]
@@ -204,7 +385,7 @@ class Categorical(Family):
                 missing[s] += n
             else:
                 table[s][pos[str(key[-1])]] += n
-        return VariableProfile(v.column, cats, from_data, tuple(v.strata), strata, None, table, missing)
+        return VariableProfile(v.column, cats, from_data, tuple(v.strata), strata, table, missing)
 
     def choose(self, spec, i, v, profile, seed):
         vp = profile.variables[v.column]

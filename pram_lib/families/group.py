@@ -10,21 +10,116 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator, model_validator
 
-from pram_lib.core.channel import encode
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
-from pram_lib.families.base import PRIORS_FOR_REPORT, Family, pct
-from pram_lib.families.categorical import count_values
+from pram_lib.core.channel import encode
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
-from pram_lib.core.validate import channel_consistency_test
 from pram_lib.core.randomness import at_row
+from pram_lib.core.strict import Strict
+from pram_lib.core.validate import channel_consistency_test
+from pram_lib.families.base import PRIORS_FOR_REPORT, Family, check_alpha, check_gamma, epsilon_of, pct
+from pram_lib.families.categorical import count_values
 
 PERTURB = 0
 MAX_PAIR_CELLS = 1_000_000  # 2-way tables of a group are kept for pairs with at most this many cells
+
+
+# -- the spec of a group -------------------------------------------------------------------------------
+class Clustering(Strict):
+    """How rr-clusters finds its clusters (Algorithm 1 of Domingo-Ferrer & Soria-Comas)."""
+
+    T_v: float = Field(default=1000, gt=1, description="largest cluster domain (product of category counts)")
+    T_d: float = Field(default=0.1, ge=0, le=1, description="smallest Cramér's V that links two attributes")
+    measure: Literal["pairs", "attributes"] = "pairs"
+    alpha: float | None = Field(default=None, gt=0, description="ε spent measuring dependence on randomized data")
+    public: list[list[str]] | None = Field(default=None, description="clusters declared public (no ε spent)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Clustering":
+        if self.public is None and self.alpha is None:
+            raise ValueError("the dependence is measured on randomized data: give its budget `alpha:` "
+                             "(or declare the clusters public with `public: [[a, b], [c]]`)")
+        if self.public is not None and self.alpha is not None:
+            raise ValueError("public clusters spend no budget: drop `alpha:` or `public:`")
+        return self
+
+
+class GroupVariable(Strict):
+    """A group of categorical variables randomized together (Multi-RR)."""
+
+    columns: list[str]
+    name: str | None = None              # the group's name (default: its columns joined by '+')
+    adjust: bool = False                 # publish RR-Adjustment weights
+    clustering: Clustering | None = None
+    channel: Literal["rr-independent", "rr-joint", "rr-clusters"]
+    alpha: float | None = None
+    gamma: float | None = None
+
+    @classmethod
+    def foreign_problem(cls, channel: str, keys: set[str], owners: dict[str, str]) -> str | None:
+        allowed = sorted(cls.model_fields)
+        return f"{sorted(keys)} do not apply to a group channel (allowed: {allowed})"
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_positive(cls, v: float | None) -> float | None:
+        return check_alpha(v)
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma_above_one(cls, v: float | None) -> float | None:
+        return check_gamma(v)
+
+    @model_validator(mode="after")
+    def _rules(self) -> "GroupVariable":
+        if len(self.columns) < 2 or len(set(self.columns)) != len(self.columns):
+            raise ValueError("a group needs at least two distinct columns")
+        if self.channel == "rr-clusters" and self.clustering is None:
+            raise ValueError("rr-clusters needs `clustering: {T_v: ..., T_d: ..., measure: pairs, alpha: ...}`")
+        if self.channel != "rr-clusters" and self.clustering is not None:
+            raise ValueError(f"`clustering:` is only for rr-clusters, not {self.channel}")
+        if self.clustering is not None and self.clustering.public is not None:
+            named = [c for cl in self.clustering.public for c in cl]
+            if sorted(named) != sorted(self.columns):
+                raise ValueError("public clusters must name every column of the group exactly once")
+        if self.alpha is not None and self.gamma is not None:
+            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
+        if self.alpha is None and self.gamma is None:
+            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The group's name."""
+        return self.name or "+".join(self.columns)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.columns)
+
+    @property
+    def stratum_columns(self) -> list[str]:
+        return []
+
+    @property
+    def weight_column(self) -> str:
+        """The released column of the group's RR-Adjustment weights."""
+        return f"{self.name or 'rr'}_weight"
+
+    @property
+    def epsilon(self) -> float | None:
+        return epsilon_of(self.alpha, self.gamma)
+
+    @property
+    def dependence_epsilon(self) -> float:
+        c = self.clustering
+        return c.alpha if c is not None and c.alpha is not None else 0.0
 
 
 @dataclass
@@ -196,6 +291,27 @@ class Group(Family):
     kind = "group"
     channels = ("rr-independent", "rr-joint", "rr-clusters")
     slot = "groups"
+    spec_model = GroupVariable
+
+    def static_epsilon(self, v):
+        return v.epsilon + v.dependence_epsilon
+
+    def released_names(self, v, i):
+        out = [(col, ("variables", i, "columns", j), "a variable") for j, col in enumerate(v.columns)]
+        if v.adjust:
+            out.append((v.weight_column, ("variables", i, "name" if v.name else "adjust"), "RR-Adjustment weights"))
+        return out + [(v.key, ("variables", i, "name" if v.name else "columns"), "a group's name")]
+
+    def check_streamable(self, spec, i, v, mode):
+        if v.adjust:
+            raise spec.error(("variables", i, "adjust"), "RR-Adjustment weights need the whole released table, "
+                             f"which engine mode {mode!r} never holds", True,
+                             "drop `adjust: true`, or use `engine: {mode: memory}`")
+        if measured_clusters(v):
+            raise spec.error(("variables", i, "clustering"), "measuring dependence on randomized data needs the "
+                             f"whole table, which engine mode {mode!r} never holds", None,
+                             "declare the clusters public (`clustering: {public: [[...], ...]}`), use "
+                             "rr-independent / rr-joint, or use `engine: {mode: memory}`")
 
     def text_columns(self, v):
         return list(v.columns)

@@ -11,24 +11,101 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, field_validator, model_validator
 from scipy.stats import norm
 
 from pram_lib.channels import gamma as g
-from pram_lib.channels.gamma import PROTECTION_TOLERANCE
 from pram_lib.channels.deconvolve import bootstrap_band
-from pram_lib.families.base import Family, exact, fmt_num, pct
+from pram_lib.channels.gamma import PROTECTION_TOLERANCE
 from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
-from pram_lib.core.validate import noise_consistency_test
 from pram_lib.core.randomness import ExactSums, per_row, uniforms
+from pram_lib.core.strict import Strict
+from pram_lib.core.validate import noise_consistency_test
+from pram_lib.families.base import Family, exact, fmt_num, pct
 
 PERTURB, SKETCH = 0, 4   # randomness key purposes: the noise, the pass-1 sample
 
-if TYPE_CHECKING:
-    from pram_lib.spec import ReleaseSpec
+
+# -- the spec of a continuous variable ------------------------------------------------------------------
+class Protection(Strict):
+    """The Ghatak–Sengupta–Roy level: sup_z P(|X - Z| < Q·σ_X | Z = z) ≤ δ (NOT differential privacy)."""
+
+    Q: float = Field(default=0.75, gt=0, description="window half-width in units of σ_X")
+    delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
+
+
+class NoiseVariable(Strict):
+    """A continuous variable released as Z = X + Y, Y two-sided Gamma noise."""
+
+    column: str
+    channel: Literal["gamma-noise", "laplace-noise"]
+    protection: Protection | None = None
+    theta: float | None = Field(default=None, gt=0, le=1)
+    eta: float | None = Field(default=None, gt=0)
+    theta_min: float = Field(default=0.05, gt=0, le=1)
+    transform: Literal["none", "log1p"] = "none"
+    point_masses: list[float] = Field(default_factory=list)
+    resolution: float | None = Field(default=None, gt=0)
+    bounds: tuple[float, float] | None = None
+    accept_lower_protection: bool = False  # a fixed eta may reach a weaker level than `protection:` (reported)
+    missing: Literal["keep"] = "keep"      # missing values stay missing
+
+    @classmethod
+    def foreign_problem(cls, channel: str, keys: set[str], owners: dict[str, str]) -> str | None:
+        if keys & {"alpha", "gamma"}:
+            return (f"{channel} is not differential privacy and has no alpha/gamma; set `protection: "
+                    "{Q: 0.75, delta: 0.9}` or fixed `theta:`/`eta:`")
+        for key in ("categories", "matrix", "min_diagonal"):
+            if key in keys:
+                return f"`{key}:` is for categorical channels, not {channel}"
+        if "strata" in keys:
+            return f"{channel} does not support strata yet; drop `strata:`"
+        if "public" in keys:
+            return f"{channel} is not differential privacy and is reported as such already; drop `public:`"
+        if "prior" in keys:
+            return f"{channel} has no prior; drop `prior:`"
+        return None
+
+    @field_validator("missing", mode="before")
+    @classmethod
+    def _missing_stays_missing(cls, v: str, info) -> str:
+        if v == "category":
+            raise ValueError(f"{info.data.get('channel', 'noise')} adds noise to numbers: a missing value cannot be "
+                             "one more category; drop `missing:` (missing values of a noised variable stay missing)")
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self) -> "NoiseVariable":
+        if self.channel == "laplace-noise" and self.theta not in (None, 1.0):
+            raise ValueError("laplace-noise is the theta = 1 member; drop `theta:` or use gamma-noise")
+        if self.eta is not None and self.protection is not None:
+            raise ValueError("give either a fixed `eta:` or a `protection:` level to meet, not both")
+        if self.accept_lower_protection and self.eta is None:
+            raise ValueError("`accept_lower_protection:` is for a fixed `eta:` (an optimised eta always meets "
+                             "the level); drop it")
+        if self.bounds is not None and not self.bounds[0] < self.bounds[1]:
+            raise ValueError("bounds must be [lower, upper] with lower < upper")
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.column
+
+    @property
+    def names(self) -> list[str]:
+        return [self.column]
+
+    @property
+    def stratum_columns(self) -> list[str]:
+        return []
+
+    @property
+    def level(self) -> Protection:
+        return self.protection or Protection()
 
 
 def _bottom_k(keys: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +211,7 @@ def choose_noise(spec, i: int, v, np_: NumericProfile):
     return ch
 
 
-def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment], spec: ReleaseSpec,
+def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment], spec,
                            level: float = 0.95, B: int = 200, nx: int = 256) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per continuous variable: Ĝ and ĝ on a grid with bootstrap bands, and the estimated mean and sd of X.
 
@@ -143,7 +220,7 @@ def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment]
     """
     curves, summary = [], []
     for a in assignments:
-        v = next(x for x in spec.variables if x.column == a.column)
+        v = next(x for x in spec.variables if x.key == a.column)
         z = released[a.column].to_numpy(dtype=float)
         z = z[~np.isnan(z)]
         ch = a.channel
@@ -182,10 +259,10 @@ def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment]
 PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
 
 
-def noise_entry(spec: ReleaseSpec, a: Assignment) -> dict:
+def noise_entry(spec, a: Assignment) -> dict:
     """The published noise law. The chooser's diagnostics (σ̂ of the source, the constraint curve, shares
     of point masses) are source statistics: they go to the internal report only."""
-    v = next(x for x in spec.variables if x.column == a.column)
+    v = next(x for x in spec.variables if x.key == a.column)
     d = a.channel.to_dict()
     details = d.pop("details", {})
     d["protection"] = {k: details[k] for k in PUBLIC_NOISE_DETAILS if k in details}
@@ -270,7 +347,7 @@ def report_section(spec, noise: list, summary: pd.DataFrame | None) -> list[str]
          "them as protected by noise, not by a formal privacy guarantee.", "",
          "| variable | channel | ϑ | η | noise sd | protection | scale | point masses |", "|---|---|---|---|---|---|---|---|"]
     for a in noise:
-        v = next(x for x in spec.variables if x.column == a.column)
+        v = next(x for x in spec.variables if x.key == a.column)
         ch = a.channel
         pm = ", ".join(f"{p:g}" for p in v.point_masses) or "—"
         prot = f"Q = {v.level.Q:g}, δ = {v.level.delta:g}" if v.eta is None else "fixed η (level not targeted)"
@@ -278,7 +355,7 @@ def report_section(spec, noise: list, summary: pd.DataFrame | None) -> list[str]
                  f"{prot} | {v.transform if v.transform != 'none' else 'as is'} | {pm} |")
     L.append("")
     for a in noise:
-        v = next(x for x in spec.variables if x.column == a.column)
+        v = next(x for x in spec.variables if x.key == a.column)
         if v.transform == "log1p":
             L += [f"- `{a.column}` is released on the log scale: the column holds log(1 + x) + Y; "
                   "back-transform estimates with exp(·) − 1 (`x_original` in `distributions.csv`)."]
@@ -333,6 +410,7 @@ class Noise(Family):
     kind = "continuous"
     channels = ("gamma-noise", "laplace-noise")
     slot = "numeric"
+    spec_model = NoiseVariable
 
     def clean(self, spec, i, v, df):
         df[v.column] = numeric_column(spec, i, v, df[v.column])

@@ -16,13 +16,12 @@ import numpy as np
 import pandas as pd
 
 from pram_lib import __version__
-from pram_lib.ops.audit import build_manifest
+from pram_lib.core.guarantee import NotDP
 from pram_lib.families import REGISTRY, family_of
 from pram_lib.families.base import pct
-from pram_lib.core.guarantee import NotDP
+from pram_lib.ops.audit import build_manifest
 from pram_lib.pipeline.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
 from pram_lib.spec import ReleaseSpec
-
 
 
 class ReleaseExistsError(FileExistsError):

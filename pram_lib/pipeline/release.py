@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pram_lib.core.guarantee import Public, spent_by_key
+from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,  # noqa: F401
+                                 VariableProfile, from_release_scale, keyed_generator, stratum_label, to_release_scale)
 from pram_lib.families import family_of
 from pram_lib.families.categorical import ESTIMATE_COLUMNS, estimate_frame, missing_as_category  # noqa: F401
 from pram_lib.families.group import group_codes, group_marginals  # noqa: F401
 from pram_lib.families.noise import THETA_STEP, estimate_distributions, numeric_column  # noqa: F401
-from pram_lib.core.guarantee import Public, spent_by_key
-from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,  # noqa: F401
-                            VariableProfile, check_strata, from_release_scale,
-                            keyed_generator, stratum_label, to_release_scale)
 from pram_lib.spec import ReleaseSpec, SpecError
 
 
@@ -81,9 +80,8 @@ def source_read_error(spec: ReleaseSpec, exc: BaseException, path: Path) -> Spec
 def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
     present = set(header)
     for i, v in enumerate(spec.variables):
-        for j, c in enumerate(v.names):
-            if c not in present:
-                loc = ("variables", i, "columns", j) if v.columns is not None else ("variables", i, "column")
+        for c, loc, kind in family_of(v).released_names(v, i):
+            if kind == "a variable" and c not in present:
                 raise spec.error(loc, "column not in the source", c, f"use one of {sorted(present)[:30]}")
     for j, c in enumerate(spec.passthrough):
         if c not in present:

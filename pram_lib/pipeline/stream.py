@@ -23,13 +23,13 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from pram_lib.ops.audit import sha256_file
+from pram_lib.core.model import Assignment, Profile
+from pram_lib.core.randomness import uniforms
 from pram_lib.families import family_of
 from pram_lib.families.base import exact
 from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
-from pram_lib.core.model import Assignment, Profile
-from pram_lib.core.randomness import uniforms
+from pram_lib.ops.audit import sha256_file
 from pram_lib.pipeline.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
 from pram_lib.spec import ReleaseSpec
 
@@ -193,32 +193,30 @@ class Sketch:
     key_cells: "KeyCells | None" = None                              # the internal report's risk measures
 
 
-RISK_MAX_CELLS = 1_000_000  # key combinations kept for sample uniques / k-anonymity; beyond: not computed
+RISK_MAX_CELLS = 100_000  # key combinations kept for sample uniques / k-anonymity; beyond: not computed
 
 
 @dataclass
 class KeyCells:
     """Counts of the combinations of the key variables (for sample uniques and k-anonymity), or `overflow`
-    when there are more than RISK_MAX_CELLS of them."""
+    when there are more than RISK_MAX_CELLS of them (in a chunk or in the fold: the same answer either way)."""
 
     keys: list[str]
-    table: pd.DataFrame | None     # the key columns + "n"
+    table: pd.DataFrame | None     # the key columns (as objects) + "n"
     overflow: bool = False
 
     @classmethod
     def of(cls, df: pd.DataFrame, keys: list[str]) -> "KeyCells":
-        combined, labels = np.zeros(len(df), dtype=np.int64), []
-        for c in keys:
-            codes, uniques = pd.factorize(df[c].astype("object") if isinstance(df[c].dtype, pd.CategoricalDtype)
-                                          else df[c], use_na_sentinel=False)
-            combined = combined * len(uniques) + codes
-            labels.append(np.asarray(uniques, dtype=object))
-        cells, counts = np.unique(combined, return_counts=True)
-        sizes = [lab.size for lab in labels]
-        idx = np.unravel_index(cells, sizes) if keys else ()
-        table = pd.DataFrame({c: lab[i] for c, lab, i in zip(keys, labels, idx)})
+        combined = np.zeros(len(df), dtype=np.int64)
+        for c in keys:   # one code per combination, kept below len(df) after every column (no overflow)
+            codes, uniques = pd.factorize(df[c], use_na_sentinel=False)
+            combined = pd.factorize(combined * len(uniques) + codes)[0]
+            if combined.size and combined.max() >= RISK_MAX_CELLS:
+                return cls(keys, None, True)
+        _, first, counts = np.unique(combined, return_index=True, return_counts=True)
+        table = pd.DataFrame({c: df[c].iloc[first].astype("object").to_numpy() for c in keys})
         table["n"] = counts
-        return cls(keys, table).capped()
+        return cls(keys, table)
 
     def capped(self) -> "KeyCells":
         if self.table is not None and len(self.table) > RISK_MAX_CELLS:
@@ -244,7 +242,7 @@ class KeyCells:
 def risk_keys(spec: ReleaseSpec) -> list[str]:
     """The key variables of the risk measures: the categorical ones and pass-through stratum columns."""
     return [c for v in spec.variables for c in family_of(v).text_columns(v)] + [
-        c for c in spec.passthrough if any(c in v.strata for v in spec.variables)]
+        c for c in spec.passthrough if any(c in v.stratum_columns for v in spec.variables)]
 
 
 def risk_measures(cells: "KeyCells | None", spec: ReleaseSpec) -> dict:

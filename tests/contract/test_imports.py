@@ -76,8 +76,8 @@ def test_no_import_cycle():
 LAYERS = {
     "core": {"core"},
     "channels": {"core", "channels"},
-    "spec": {"core"},
-    "families": {"core", "channels", "spec", "families"},
+    "spec": {"core", "families"},
+    "families": {"core", "channels", "families"},
     "pipeline": {"core", "channels", "spec", "families", "ops", "pipeline"},
     "ops": {"core", "spec", "ops"},
     "data": set(),

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 # unknown store, staging folder made but not handed back, staging half written, published then failed,
 # and the audit log itself failing.
 STEPS = [
-    ("load-spec", "tasks.release_tasks:load_spec", "before", ("kill", "raise")),
+    ("load-spec", "tasks.run_log:load_spec", "before", ("kill", "raise")),
     ("start-run", "pram_lib.ops.journal:recover", "before", ("kill",)),
     ("reserve-budget", "pram_lib.ops.ledger:reserve_for", "before", ("kill", "raise")),
     ("draw-seed", "secrets:randbits", "before", ("kill",)),
@@ -140,7 +140,7 @@ def survived(case: dict) -> list[str]:
     entries = _audit(folder)
     failures = [e for e in entries if e["event"] in ("release-failed", "release-interrupted")]
     published = [e for e in entries if e["event"] == "release-published"]
-    if case["target"] == "tasks.release_tasks:load_spec" and case["kind"] == "kill":
+    if case["target"] == "tasks.run_log:load_spec" and case["kind"] == "kill":
         # killed while parsing the spec: no private store is known yet, nothing was read or written
         if failures:
             problems.append(f"unexpected failure entries {failures}")
@@ -156,7 +156,7 @@ def survived(case: dict) -> list[str]:
                 problems.append(f"the audit does not say the source changed: {f['error']}")
         elif "injected" not in f["error"]:
             problems.append(f"the audit does not say what failed: {f}")
-        if case["kind"] != "kill" and case["target"] != "tasks.release_tasks:load_spec" \
+        if case["kind"] != "kill" and case["target"] != "tasks.run_log:load_spec" \
                 and f.get("failed_step", case["step"]) != case["step"]:
             problems.append(f"failed_step {f.get('failed_step')!r}, expected {case['step']!r}")
     vouched = {e["folder"]: e["manifest_sha256"] for e in entries if e.get("folder") and e.get("manifest_sha256")}
@@ -189,8 +189,9 @@ def test_every_fault_is_survived(faults):
 
 def test_each_step_of_the_flow_is_covered(faults):
     """Every task the flow runs (but the bookkeeping ones) has a fault case; kills hit every step."""
-    import tasks.release_tasks as t
+    from tasks import passes, results, run_log, steps
 
-    names = {getattr(t, n).name for n in dir(t) if n.endswith("_task")} - set(t.BOOKKEEPING) - WORKER_TASKS
+    names = {getattr(m, n).name for m in (passes, results, run_log) for n in dir(m) if n.endswith("_task")}
+    names -= set(steps.BOOKKEEPING) | WORKER_TASKS
     hit = {c["step"] for c in faults.values() if c["kind"] == "kill"}
     assert names <= hit, sorted(names - hit)

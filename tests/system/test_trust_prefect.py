@@ -410,7 +410,7 @@ def test_a_spec_that_fails_to_load_is_audited_in_the_store_it_names(prefect_serv
 
 def test_the_report_artifact_is_what_the_ui_can_render(tmp_path):
     """Plots become a list of files (the UI cannot load relative images); wide tables one line per row."""
-    from tasks.release_tasks import UI_MAX_COLUMNS, ui_markdown
+    from tasks.results import UI_MAX_COLUMNS, ui_markdown
 
     report = ("# R\n\n| a | b | c | d | e | f | g | h |\n|---|---|---|---|---|---|---|---|\n"
               "| `x` | 1 | 2 | 3 | 4 | 5 | 6 | 7 |\n| `y` | 8 | 9 | 10 | 11 | 12 | 13 | 14 |\n\n"

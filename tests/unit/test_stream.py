@@ -293,3 +293,27 @@ def test_stratum_appearing_after_the_profile_is_refused(done):
     df["sex"] = df["sex"].astype(str).replace({"F": "X"})
     with pytest.raises(SpecError, match="appeared after the profile pass"):
         stream.perturb_chunk(plan, df, stream.ChunkRef(0))
+
+
+def test_key_cells_fold_to_the_brute_force_risk_measures(monkeypatch):
+    """Sample uniques and k-anonymity from folded key-combination counts equal a groupby over the whole
+    table, for any chunking; more combinations than the cap is 'not computed' whether a chunk or the fold
+    crosses it."""
+    rng = np.random.default_rng(11)
+    n = 5_000
+    df = pd.DataFrame({"a": rng.choice(["x", "y", None], n, p=[0.6, 0.3, 0.1]),
+                       "b": pd.Categorical(rng.choice(["p", "q", "r", "s"], n)),
+                       "c": rng.choice([str(i) for i in range(60)], n)})
+    sizes = df.astype("object").fillna("<none>").groupby(["a", "b", "c"], observed=True).size()
+    want = {"sample_uniques": int((sizes == 1).sum()), "k_anonymity": int(sizes.min()), "cells": int(sizes.size)}
+    for cuts in ([0, n], [0, 1, 1_700, 4_999, n]):
+        parts = [stream.KeyCells.of(df.iloc[a:b], ["a", "b", "c"]) for a, b in zip(cuts[:-1], cuts[1:])]
+        total = parts[-1]
+        for p in parts[:-1]:
+            total = p + total
+        got = total.measures()
+        assert {k: got[k] for k in want} == want
+    monkeypatch.setattr(stream, "RISK_MAX_CELLS", want["cells"] - 1)
+    assert stream.KeyCells.of(df, ["a", "b", "c"]).overflow                          # one chunk crosses it
+    halves = [stream.KeyCells.of(df.iloc[a:b], ["a", "b", "c"]) for a, b in ((0, 2_500), (2_500, n))]
+    assert not any(h.overflow for h in halves) and (halves[0] + halves[1]).overflow  # only the fold does

@@ -1,0 +1,149 @@
+"""From the folded statistics to the release folder: stage, estimate, validate (the gate), publish, the
+internal report, and the UI artifacts (report, variables table, folder link)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from prefect import get_run_logger
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from pram_lib.core.guarantee import NotDP
+from pram_lib.families import family_of
+from pram_lib.pipeline import publish, release, stream
+from pram_lib.spec import ReleaseSpec
+from tasks.privacy import ValidationGateFailed
+from tasks.steps import _JOURNALS, _flow_run_id, _mark, release_key, step
+
+
+@step("stage-release")
+def stage_task(spec: ReleaseSpec) -> publish.Stage:
+    j = _JOURNALS.get(_flow_run_id())
+    stage = publish.begin_release(spec, owner=j.data["run_id"] if j else None)
+    _mark("stage-release", stage_tmp=stage.tmp, stage_final=stage.final)
+    return stage
+
+@step("estimate")
+def estimate_task(plan: stream.Plan, totals: stream.ChunkResult):
+    """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
+    level = plan.spec.confidence
+    estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
+    curves, summary = stream.continuous_totals(plan, totals, level)
+    return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level))
+
+@step("validate")
+def validate_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
+    out = stage.tmp / "validation"
+    out.mkdir(exist_ok=True)
+    result = stream.run_gate_totals(spec, profile, plan, totals, out)
+    create_table_artifact(key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
+                          description=f"Great Expectations results ({result['gx']['scope']})")
+    return _gate(result)
+
+def _gate(result: dict) -> dict:
+    """The gate's verdict: this step fails (red in the UI) when a check refused the release."""
+    checks = len(result["statistical"]) + len(result["gx"]["rows"])
+    if not result["passed"]:
+        raise ValidationGateFailed(f"validation gate failed, nothing published: {result['message']}")
+    get_run_logger().info("gate passed: %d checks", checks)
+    return result
+
+@step("publish")
+def publish_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
+    """The data are already in the staging folder (written chunk by chunk)."""
+    assignments = list(plan.assignments)
+    sampled = 0 if totals.sample is None else len(totals.sample)
+    processing = [f"processed in {len(totals.chunks)} chunks of at most {spec.engine.chunk_rows:,} rows "
+                  f"(engine `{plan.engine}`); data in `{stream.DATA_DIR}/part-*.parquet` (one table: "
+                  f"`pandas.read_parquet(folder / '{stream.DATA_DIR}')`)" if plan.engine != "memory" else
+                  "processed in memory as one chunk (engine `memory`); data in `data.parquet`",
+                  ("Great Expectations ran on every released row" if sampled == totals.rows else
+                   f"Great Expectations ran on a uniform sample of {sampled:,} released rows") +
+                  "; row count, missing values, ranges and the channel tests are exact over every row"]
+    if any(isinstance(a.guarantee, NotDP) for a in assignments):
+        processing.append("continuous variables: deconvolved curves from the row sample; mean and variance "
+                          "from every row")
+    columns = list(totals.sample.columns) if totals.sample is not None else []
+    report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
+                                                  totals.rows, columns, started, totals.sample, processing)
+    folder = publish.finish_release(stage)
+    _publish_artifacts(spec, assignments, report, overall, folder)
+    return folder
+
+_IMAGE = re.compile(r"^!\[[^\]]*\]\(([^)]+)\)\s*$")
+
+UI_MAX_COLUMNS = 6
+
+def ui_markdown(report: str, folder: Path) -> str:
+    """The report as the Prefect UI can show it: images (relative files the UI cannot load) become a list of
+    the plot files in the folder, and tables wider than the artifact pane become one line per row."""
+    out: list[str] = []
+    lines, i, plots = report.splitlines(), 0, []
+    while i < len(lines):
+        line = lines[i]
+        m = _IMAGE.match(line.strip())
+        if m:
+            plots.append(m.group(1))
+            if i + 1 == len(lines) or not _IMAGE.match(lines[i + 1].strip()):
+                out.append(f"Plots ({len(plots)}, in `{folder}`): " + ", ".join(f"`{p}`" for p in plots))
+                plots = []
+            i += 1
+            continue
+        if line.startswith("|") and i + 1 < len(lines) and set(lines[i + 1].replace("|", "").strip()) <= set("-: "):
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+            j = i + 2
+            rows = []
+            while j < len(lines) and lines[j].startswith("|"):
+                rows.append([c.strip() for c in lines[j].strip().strip("|").split("|")])
+                j += 1
+            if len(header) > UI_MAX_COLUMNS:
+                for r in rows:
+                    rest = "; ".join(f"{h}: {c}" for h, c in zip(header[1:], r[1:]) if c)
+                    out.append(f"- **{r[0]}**: {rest}")
+            else:
+                out.extend(lines[i:j])
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + "\n"
+
+def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) -> None:
+    """The report, a table of the variables and a link to the folder, in the Prefect UI."""
+    key = release_key(spec)
+    create_markdown_artifact(key=f"{key}-report", markdown=ui_markdown(report, folder),
+                             description=f"Release report: {folder.name}")
+    tvd = release.expected_tvd(overall)
+    spent = release.spent_by_variable(assignments)
+    rows = []
+    for v in spec.variables:
+        alist = [a for a in assignments if a.column == v.key]
+        if v.key not in spent and not isinstance(alist[0].guarantee, NotDP):
+            continue   # public: listed in the report as unprotected
+        mi = getattr(alist[0].channel, "objective", None)
+        eps = spent.get(v.key)
+        rows.append({"variable": v.key, "channel": family_of(v).describe(v, alist),
+                     "alpha": "not DP" if eps is None else round(eps, 6),
+                     "gamma": "not DP" if eps is None else round(math.exp(eps), 6),
+                     "mutual_information": None if mi is None or mi != mi else round(mi, 6),
+                     "estimated_tvd": round(tvd[v.key], 6) if v.key in tvd else None})
+    create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
+    create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+
+@step("internal-report")
+def internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation,
+                         folder_name) -> Path:
+    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
+    risk = {"before": stream.risk_measures(profile.key_cells, spec),
+            "after": stream.risk_measures(totals.key_cells, spec)}
+    text, data = publish.internal_report(spec, assignments, profile, overall, risk, validation, *distributions,
+                                         stats=totals.stats)
+    out = spec.resolve(spec.private_store) / "internal" / folder_name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "internal_report.md").write_text(text)
+    (out / "internal.json").write_text(json.dumps({**data, "validation": validation["statistical"]},
+                                                  indent=2, default=str))
+    return out

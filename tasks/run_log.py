@@ -1,0 +1,108 @@
+"""The run's bookkeeping tasks: load the spec, journal the run and recover killed ones, the population
+ledger (reserve, settle), the audit log."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prefect import get_run_logger
+
+from pram_lib.ops import audit, journal, ledger
+from pram_lib.pipeline import release
+from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
+from tasks.steps import _JOURNALS, _flow_run_id, _transient, step
+
+
+@step("load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient)
+def load_spec_task(spec_path: str) -> ReleaseSpec:
+    if not Path(spec_path).is_file():
+        raise SpecError(spec_path, None, None, "spec_path", f"no spec file at this path, read from the working "
+                        f"directory {os.getcwd()}", fix="give an absolute path, or a path relative to the checkout "
+                        "the deployment was made from (run `prefect deploy` from the checkout)")
+    return load_spec(spec_path)
+
+@step("start-run")
+def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]:
+    """Recover runs on this private store that were killed (audited, staging removed, ledger settled);
+    then journal this run."""
+    store = spec.resolve(spec.private_store)
+    _JOURNALS[_flow_run_id()] = journal.RunJournal.open(store, run_id, release=spec.release,
+                                                        spec_path=str(Path(spec_path).resolve()),
+                                                        output=str(spec.resolve(spec.output)),
+                                                        flow_run_id=_flow_run_id())
+    dead: list[tuple[dict, str | None]] = []
+
+    def settle(run: dict, folder: str | None) -> None:
+        dead.append((run, folder))
+        ledger.settle_recovered(store, run, folder)
+
+    recovered = journal.recover(store, settle=settle)
+    for run, folder in dead:
+        _mark_crashed(run, folder)
+    for entry in recovered:
+        get_run_logger().warning("recovered an interrupted run of %s (step %s): audited%s", entry.get("release"),
+                                 entry.get("failed_step"), f", published folder {entry['folder']} kept"
+                                 if entry.get("folder") else ", staging removed, reservation cancelled")
+    return recovered
+
+def _mark_crashed(run: dict, folder: str | None) -> None:
+    """A killed run's Prefect state: Crashed, saying what the recovery did (it would stay Running forever)."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    fr_id = run.get("flow_run_id")
+    if not fr_id or fr_id == _flow_run_id():
+        return
+    done = (f"published {folder} before it died; audited and settled on recovery" if folder else
+            "nothing published; staging removed, ledger reservation cancelled, audited on recovery")
+    msg = f"the run's process ended during step {run.get('step')!r} (killed?); {done} by run {_flow_run_id()}"
+    try:
+        with get_client(sync_client=True) as client:
+            if not client.read_flow_run(fr_id).state.is_final():
+                client.set_flow_run_state(fr_id, Crashed(message=msg), force=True)
+    except Exception as exc:  # another server, or the run was deleted: the audit entry is what counts
+        get_run_logger().warning("could not mark the interrupted run %s crashed: %s", fr_id, type(exc).__name__)
+
+@step("reserve-budget")
+def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
+    """The population's ε ledger: reserve this release's bound, or refuse it (before any data is read)."""
+    return ledger.reserve_for(spec, run_id)
+
+@step("settle-budget")
+def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
+    spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
+    ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
+
+@step("finish-run")
+def finish_run_task() -> None:
+    j = _JOURNALS.pop(_flow_run_id(), None)
+    if j is not None:
+        j.close()
+
+def hand_over_journal(error: str) -> None:
+    """The run could not record everything: leave its journal to the next run on the store, which recovers it."""
+    j = _JOURNALS.pop(_flow_run_id(), None)
+    if j is not None:
+        j.hand_over(error)
+
+@step("audit")
+def audit_task(spec_path: str, event: str, fields: dict) -> dict:
+    store = _private_store(spec_path)
+    j = _JOURNALS.get(_flow_run_id())
+    if j is not None and event != "release-published":
+        fields = {"failed_step": j.data.get("step"), **fields}
+        j.mark(j.data.get("step"), error=fields.get("error"))  # kept if this entry cannot be written
+    return audit.AuditLog(store / "audit.jsonl").append(event, **fields)
+
+def _private_store(spec_path: str) -> Path:
+    """The store the spec names, even when the spec does not load; an unreadable spec's default store beside it.
+    No spec file, no store: nothing is created."""
+    store = named_private_store(spec_path)
+    if store is None:
+        path = Path(spec_path)
+        if not path.is_file():
+            raise SpecError(str(path), None, None, "<file>", "the spec file does not exist, so no private store "
+                            "is known and nothing was audited", fix="check the path")
+        store = path.resolve().parent / "private"
+    return store

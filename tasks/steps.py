@@ -1,0 +1,72 @@
+"""A release step as a Prefect task: results never persisted (they hold confidential data), the run's
+journal marks the step it enters, and an error crosses into Prefect without data values (StepFailed).
+
+No task persists its result: inputs and outputs hold confidential source data, which must not be
+written to Prefect's result storage. So every task uses NO_CACHE and persist_result=False; only
+reading files retries (transient I/O).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from pram_lib.ops import journal
+from pram_lib.spec import ReleaseSpec, SpecError
+from tasks.privacy import StepFailed, quiet_step_failures
+
+_JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journal (this process)
+quiet_step_failures()
+
+BOOKKEEPING = ("audit", "settle-budget", "finish-run")  # not release steps: the journal keeps the step before
+
+
+def _transient(task, task_run, state) -> bool:
+    """Retry I/O trouble, not a bad spec or source (a SpecError will fail the same way again)."""
+    try:
+        state.result()
+    except StepFailed as exc:
+        return not isinstance(exc.original, SpecError)
+    except Exception:
+        return True
+    return True
+
+@contextlib.contextmanager
+def private_errors(name: str):
+    """An error inside crosses into Prefect as StepFailed: public text, the whole error beside it."""
+    try:
+        yield
+    except Exception as exc:
+        raise StepFailed.wrap(exc, name) from None
+
+def step(name: str, **options):
+    """A release step as a Prefect task: results never persisted (they hold confidential data), the run's
+    journal marks the step it enters, and an error crosses into Prefect without data values (StepFailed)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            if name not in BOOKKEEPING:
+                _mark(name)
+            with private_errors(name):
+                return fn(*args, **kwargs)
+
+        return task(name=name, cache_policy=NO_CACHE, persist_result=False, **options)(run)
+
+    return decorate
+
+def _flow_run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id)
+
+def _mark(step: str, **fields) -> None:
+    j = _JOURNALS.get(_flow_run_id())
+    if j is not None:
+        j.mark(step, **fields)
+
+def release_key(spec: ReleaseSpec) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in spec.release.lower())
