@@ -305,8 +305,30 @@ def _clean_pydantic_loc(loc: tuple) -> tuple:
 
 _FIXES = {
     "extra_forbidden": "remove it, or check its spelling against the spec reference in README.md",
+    "union_tag_invalid": "name one of the channels listed (README: the spec reference)",
+    "union_tag_not_found": "add `channel:` with one of the channels listed",
     "missing": "add it",
 }
+
+
+def _located(fname: str, marks: dict, exc: ValidationError) -> SpecError:
+    """The most specific of pydantic's errors, at its line and column in the spec file, with a fix."""
+    generic = {"missing", "extra_forbidden", "literal_error", "model_type", "dict_type"}
+    err = min(exc.errors(), key=lambda e: (e["type"] in generic, -len(e["loc"])))
+    loc = _clean_pydantic_loc(tuple(err["loc"]))
+    found = err.get("input")
+    problem = err["msg"].removeprefix("Value error, ")
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):   # the family registry has no such channel
+        loc, found = loc + ("channel",), found.get("channel") if isinstance(found, dict) else None
+        problem = f"unknown channel; expected one of {', '.join(CHANNELS)}" if found is not None else \
+            f"missing channel; one of {', '.join(CHANNELS)}"
+    line, col = _locate(marks, loc)
+    if isinstance(found, (dict, list)) and err["type"] != "extra_forbidden":
+        found = None
+    fix = _FIXES.get(err["type"], "see the spec reference in README.md")
+    if problem.startswith("true/false is not a number"):
+        fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
+    return SpecError(fname, line, col, _dotted(loc), problem, found, fix)
 
 
 def load_spec(path: str | Path) -> ReleaseSpec:
@@ -352,22 +374,7 @@ def load_spec(path: str | Path) -> ReleaseSpec:
     try:
         spec = ReleaseSpec.model_validate(data)
     except ValidationError as exc:
-        generic = {"missing", "extra_forbidden", "literal_error", "model_type", "dict_type"}
-        err = min(exc.errors(), key=lambda e: (e["type"] in generic, -len(e["loc"])))
-        loc = _clean_pydantic_loc(tuple(err["loc"]))
-        found = err.get("input")
-        problem = err["msg"].removeprefix("Value error, ")
-        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):   # the family registry has no such channel
-            loc, found = loc + ("channel",), found.get("channel") if isinstance(found, dict) else None
-            problem = f"unknown channel; expected one of {', '.join(CHANNELS)}" if found is not None else \
-                f"missing channel; one of {', '.join(CHANNELS)}"
-        line, col = _locate(marks, loc)
-        if isinstance(found, (dict, list)) and err["type"] != "extra_forbidden":
-            found = None
-        fix = _FIXES.get(err["type"], "see the spec reference in README.md")
-        if problem.startswith("true/false is not a number"):
-            fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
-        raise SpecError(fname, line, col, _dotted(loc), problem, found, fix) from None
+        raise _located(fname, marks, exc) from None
     spec._path = path.resolve()
     spec._marks = marks
     spec._sha256 = hashlib.sha256(raw).hexdigest()

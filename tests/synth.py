@@ -58,3 +58,17 @@ def write_spec(folder: Path, name: str = "spec.yaml", **kw) -> Path:
     p = folder / name
     p.write_text(yaml.safe_dump(spec_dict(folder, **kw), sort_keys=False))
     return p
+
+
+def lose_a_row(monkeypatch) -> None:
+    """Make the engine's perturb pass report one row fewer than it read (the gate must refuse the release)."""
+    from pram_lib.pipeline import stream
+
+    real = stream.perturb_chunk
+
+    def corrupt(*a, **k):
+        out = real(*a, **k)
+        out.rows -= 1
+        return out
+
+    monkeypatch.setattr(stream, "perturb_chunk", corrupt)

@@ -16,6 +16,9 @@ import math
 from typing import Any, Protocol
 
 import pandas as pd
+from pydantic import field_validator
+
+from pram_lib.core.strict import Strict
 
 
 class ChunkStats(Protocol):
@@ -162,21 +165,36 @@ def leak_problem(column: str) -> str:
             "category, so records can be pinned down)")
 
 
-def check_alpha(v: float | None) -> float | None:
-    if v is not None and not (v > 0 and math.isfinite(v)):
-        raise ValueError("alpha must be a finite number > 0 (alpha = 0 would release nothing)")
-    return v
+class StatedLevel(Strict):
+    """A spec model's privacy level, stated as alpha (ε) or gamma (e^ε)."""
 
+    alpha: float | None = None
+    gamma: float | None = None
 
-def check_gamma(v: float | None) -> float | None:
-    if v is not None and not (v > 1 and math.isfinite(v)):
-        raise ValueError("gamma must be a finite number > 1 (gamma = e^alpha)")
-    return v
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_positive(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise ValueError("alpha must be a finite number > 0 (alpha = 0 would release nothing)")
+        return v
 
+    @field_validator("gamma")
+    @classmethod
+    def _gamma_above_one(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 1 and math.isfinite(v)):
+            raise ValueError("gamma must be a finite number > 1 (gamma = e^alpha)")
+        return v
 
-def epsilon_of(alpha: float | None, gamma: float | None) -> float | None:
-    """A stated level as ε: alpha, or log gamma (None when neither is given)."""
-    return alpha if alpha is not None else math.log(gamma) if gamma is not None else None
+    def _one_level(self, required: bool) -> None:
+        if self.alpha is not None and self.gamma is not None:
+            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
+        if required and self.alpha is None and self.gamma is None:
+            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+
+    @property
+    def epsilon(self) -> float | None:
+        """The stated level as ε (None when none is stated)."""
+        return self.alpha if self.alpha is not None else math.log(self.gamma) if self.gamma is not None else None
 
 
 def pct(level: float) -> str:

@@ -23,8 +23,7 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import (LEAK_FIX, PRIORS_FOR_REPORT, Family, check_alpha, check_gamma, epsilon_of, exact,
-                                    leak_problem, pct)
+from pram_lib.families.base import LEAK_FIX, PRIORS_FOR_REPORT, Family, StatedLevel, exact, leak_problem, pct
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 PERTURB = 0                      # randomness key purpose of the perturbation
@@ -47,13 +46,11 @@ class PriorDP(Strict):
 Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
 
 
-class CategoricalVariable(Strict):
+class CategoricalVariable(StatedLevel):
     """A categorical variable released through one channel per stratum."""
 
     column: str
     channel: Literal["pram-optimal", "rr-uniform", "pram-custom", "pram-invariant"]
-    alpha: float | None = None
-    gamma: float | None = None
     categories: list[Union[str, int]] | None = None
     matrix: list[list[float]] | None = None
     min_diagonal: float | None = None
@@ -73,16 +70,6 @@ class CategoricalVariable(Strict):
             return f"{noise} are for gamma-noise/laplace-noise, not {channel}"
         return None
 
-    @field_validator("alpha")
-    @classmethod
-    def _alpha_positive(cls, v: float | None) -> float | None:
-        return check_alpha(v)
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma_above_one(cls, v: float | None) -> float | None:
-        return check_gamma(v)
-
     @field_validator("min_diagonal")
     @classmethod
     def _min_diag(cls, v: float | None) -> float | None:
@@ -92,10 +79,7 @@ class CategoricalVariable(Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> "CategoricalVariable":
-        if self.alpha is not None and self.gamma is not None:
-            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
-        if self.channel in LEVEL_CHANNELS and self.alpha is None and self.gamma is None:
-            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+        self._one_level(required=self.channel in LEVEL_CHANNELS)
         if self.channel == "pram-custom":
             if self.matrix is None or self.categories is None:
                 raise ValueError("channel pram-custom needs `matrix:` and `categories:`")
@@ -129,11 +113,6 @@ class CategoricalVariable(Strict):
     @property
     def stratum_columns(self) -> list[str]:
         return list(self.strata)
-
-    @property
-    def epsilon(self) -> float | None:
-        """The stated level as ε (None when the channel's matrix sets it)."""
-        return epsilon_of(self.alpha, self.gamma)
 
     @property
     def prior_epsilon(self) -> float:

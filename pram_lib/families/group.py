@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
@@ -23,7 +23,7 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, k
 from pram_lib.core.randomness import at_row
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import PRIORS_FOR_REPORT, Family, check_alpha, check_gamma, epsilon_of, pct
+from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct
 from pram_lib.families.categorical import count_values
 
 PERTURB = 0
@@ -50,7 +50,7 @@ class Clustering(Strict):
         return self
 
 
-class GroupVariable(Strict):
+class GroupVariable(StatedLevel):
     """A group of categorical variables randomized together (Multi-RR)."""
 
     columns: list[str]
@@ -58,23 +58,11 @@ class GroupVariable(Strict):
     adjust: bool = False                 # publish RR-Adjustment weights
     clustering: Clustering | None = None
     channel: Literal["rr-independent", "rr-joint", "rr-clusters"]
-    alpha: float | None = None
-    gamma: float | None = None
 
     @classmethod
     def foreign_problem(cls, channel: str, keys: set[str], owners: dict[str, str]) -> str | None:
         allowed = sorted(cls.model_fields)
         return f"{sorted(keys)} do not apply to a group channel (allowed: {allowed})"
-
-    @field_validator("alpha")
-    @classmethod
-    def _alpha_positive(cls, v: float | None) -> float | None:
-        return check_alpha(v)
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma_above_one(cls, v: float | None) -> float | None:
-        return check_gamma(v)
 
     @model_validator(mode="after")
     def _rules(self) -> "GroupVariable":
@@ -88,10 +76,7 @@ class GroupVariable(Strict):
             named = [c for cl in self.clustering.public for c in cl]
             if sorted(named) != sorted(self.columns):
                 raise ValueError("public clusters must name every column of the group exactly once")
-        if self.alpha is not None and self.gamma is not None:
-            raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
-        if self.alpha is None and self.gamma is None:
-            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+        self._one_level(required=True)
         return self
 
     @property
@@ -111,10 +96,6 @@ class GroupVariable(Strict):
     def weight_column(self) -> str:
         """The released column of the group's RR-Adjustment weights."""
         return f"{self.name or 'rr'}_weight"
-
-    @property
-    def epsilon(self) -> float | None:
-        return epsilon_of(self.alpha, self.gamma)
 
     @property
     def dependence_epsilon(self) -> float:

@@ -20,11 +20,14 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path, top_level_only: bool) -> set[str]:
+def _imports(path: Path, top_level_only: bool, runtime_only: bool = False) -> set[str]:
+    """Modules (and `module.name`s) a file imports; `runtime_only` leaves out imports under `if TYPE_CHECKING:`."""
     tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if runtime_only and isinstance(node, ast.If)
+            and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
     nodes = tree.body if top_level_only else ast.walk(tree)
     out = set()
-    for node in nodes:
+    for node in (n for n in nodes if id(n) not in skip):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
             out.update(f"{node.module}.{a.name}" for a in node.names)
@@ -84,21 +87,6 @@ LAYERS = {
 }
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
-            "TYPE_CHECKING" for n in ast.walk(node)}
-    out = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return out
-
-
 def test_each_layer_of_pram_lib_imports_only_its_own_or_lower_layers():
     bad = {}
     for name, path in _modules().items():
@@ -107,7 +95,8 @@ def test_each_layer_of_pram_lib_imports_only_its_own_or_lower_layers():
             continue
         layer = parts[1]
         assert layer in LAYERS, f"{name}: a module outside the layers of the design ({sorted(LAYERS)})"
-        used = {m.split(".")[1] for m in _runtime_imports(path) if m.startswith("pram_lib.")}
+        used = {m.split(".")[1] for m in _imports(path, False, runtime_only=True)
+                if m.startswith("pram_lib.") and not m.split(".")[1].startswith("__")}   # not __version__
         if used - LAYERS[layer] - {layer}:
             bad[name] = sorted(used - LAYERS[layer] - {layer})
     assert not bad, bad

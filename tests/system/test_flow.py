@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import synth
 from pram_lib.ops.audit import verify_chain, verify_manifest
 from pram_lib.core.channel import Channel
 
@@ -223,16 +224,8 @@ def test_report_and_private_store(demo_release):
 
 def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path, monkeypatch):
     from flows.release import ValidationGateFailed, run_release
-    from pram_lib.pipeline import stream
 
-    real = stream.perturb_chunk
-
-    def corrupt(*a, **k):
-        out = real(*a, **k)
-        out.rows -= 1  # a row lost
-        return out
-
-    monkeypatch.setattr(stream, "perturb_chunk", corrupt)
+    synth.lose_a_row(monkeypatch)
     spec = demo_spec(tmp_path)
     with pytest.raises(ValidationGateFailed, match="row"):
         run_release(str(spec))

@@ -158,16 +158,8 @@ def test_a_refused_release_fails_its_gate_task_with_a_failure_artifact(prefect_s
     from prefect.client.orchestration import get_client
 
     from flows.release import ValidationGateFailed, run_release
-    from pram_lib.pipeline import stream
 
-    real = stream.perturb_chunk
-
-    def corrupt(*a, **k):
-        out = real(*a, **k)
-        out.rows -= 1  # a row lost
-        return out
-
-    monkeypatch.setattr(stream, "perturb_chunk", corrupt)
+    synth.lose_a_row(monkeypatch)
     spec = _release_folder(tmp_path, "refused", {"mode": "memory"})
     with pytest.raises(ValidationGateFailed):
         run_release(str(spec), seed=7)
