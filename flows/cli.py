@@ -104,9 +104,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _report_failure(exc)
         print(f"error (a programming error, please report it):\n{full_message(exc)}", file=sys.stderr)
         return 1
+    flow_time = time.perf_counter() - t0
     print(f"release: {folder}")
-    print(f"flow time: {time.perf_counter() - t0:.1f} s")
+    print(f"flow time: {flow_time:.1f} s")
+    if args.timings:
+        print_timings(flow_time)
     return 0
+
+
+def print_timings(flow_time: float) -> None:
+    """Where the run's time went: seconds inside each step (in order; a step run twice is summed), and the
+    rest (Prefect's task and API round trips, the flow between steps)."""
+    from tasks.steps import take_timings
+
+    spent: dict[str, float] = {}
+    for name, seconds in take_timings():
+        spent[name] = spent.get(name, 0.0) + seconds
+    rest_label = "Prefect and the flow between steps"
+    width = max([len(n) for n in spent] + [len(rest_label)])
+    print(f"{'step':<{width}} {'s':>7} {'share':>6}")
+    for name, seconds in spent.items():
+        print(f"{name:<{width}} {seconds:>7.2f} {100 * seconds / flow_time:>5.0f}%")
+    rest = flow_time - sum(spent.values())
+    print(f"{rest_label:<{width}} {rest:>7.2f} {100 * rest / flow_time:>5.0f}%")
 
 
 def _report_failure(exc: BaseException) -> int:
@@ -284,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec")
     p.add_argument("--seed", type=int, default=None, help="fix the seed (tests, reproductions); default OS entropy")
     p.add_argument("--engine", choices=["memory", "stream", "dask"], default=None,
-                   help="override the spec's engine.mode: all in memory, chunks on one core, or chunks on Dask")
+                   help="override the spec's engine.mode: the source as one chunk in memory, chunks on one core, "
+                   "or chunks on Dask")
+    p.add_argument("--timings", action="store_true", help="print where the run's time went, step by step")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")

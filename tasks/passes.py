@@ -14,7 +14,7 @@ from pram_lib.ops import audit
 from pram_lib.pipeline import release, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.privacy import Seed
-from tasks.steps import _mark, _transient, private_errors, release_key, step
+from tasks.steps import _mark, _transient, private_errors, release_key, step, timed
 
 
 @step("draw-seed")
@@ -29,6 +29,7 @@ def seed_task(spec: ReleaseSpec, run_id: str, seed: Seed | None) -> Seed:
     with os.fdopen(fd, "w") as f:
         json.dump({"run_id": run_id, "release": spec.release, "seed": str(seed), "source": source}, f)
     return Seed(seed)
+
 
 class Progress:
     """A progress artifact in the UI and log lines on the terminal for one pass over the chunks."""
@@ -62,6 +63,7 @@ class Progress:
                               f"{self.rows:,}", f" of {self.total:,} ({pct:.0f}%)" if pct is not None else "",
                               rate / 1e6, eta)
 
+
 @step("open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient)
 def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
     """Header check and SHA-256 of the source (no rows read); the Parquet chunk plan; a Dask scheduler that
@@ -71,6 +73,7 @@ def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
     stream.check_source(spec)
     return audit.sha256_file(spec.resolve(spec.source.path)), stream.plan_chunks(spec)
 
+
 @step("profile-pass")
 def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs) -> stream.Sketch:
     """Pass 1 on one core: every chunk in order."""
@@ -79,15 +82,18 @@ def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs) -> stream.Sketch:
     progress.advance(0, final=True)
     return sketch
 
+
 @task(name="profile-chunks", cache_policy=NO_CACHE, persist_result=False)
 def profile_chunks_task(spec: ReleaseSpec, chunks: list, seed: Seed) -> stream.Sketch:
     """Pass 1 over a run of chunks, on a Dask worker (a plain task: Dask pickles it by value)."""
     with private_errors("profile-chunks"):
         return stream.profile_batch(spec, chunks, seed.value)
 
+
 @step("finish-profile")
 def finish_profile_task(spec: ReleaseSpec, sketch: stream.Sketch) -> release.Profile:
     return stream.finish_profile(spec, sketch)
+
 
 @step("choose-channels")
 def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed) -> list[release.Assignment]:
@@ -95,6 +101,7 @@ def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed
     for a in out:
         get_run_logger().info("%s [%s]: %r", a.column, a.stratum_label, a.channel)
     return out
+
 
 @step("perturb-pass")
 def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
@@ -104,11 +111,13 @@ def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
     progress.advance(0, final=True)
     return totals
 
+
 @task(name="perturb-chunks", cache_policy=NO_CACHE, persist_result=False)
 def perturb_chunks_task(plan: stream.Plan, chunks: list) -> stream.ChunkResult:
     """Pass 2 over a run of chunks, on a Dask worker."""
     with private_errors("perturb-chunks"):
         return stream.perturb_batch(plan, chunks)
+
 
 def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold, runner):
     """Run `task_(**args(chunks))` on the workers of `runner` (an entered DaskTaskRunner) over the source's
@@ -117,9 +126,14 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     Parquet: 4 runs of consecutive chunks per worker, each read by its worker (few task runs; a worker's
     memory holds one chunk at a time). CSV: one chunk per task, read here and shipped, with at most
     2 per worker outstanding."""
+    _mark(task_.name)  # the chunks run on workers, where no journal is open: the run records the step
+    with timed(task_.name):
+        return _map_fold(spec, step, task_, args, refs, total_rows, fold, runner)
+
+
+def _map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold, runner):
     from prefect.futures import as_completed
 
-    _mark(task_.name)  # the chunks run on workers, where no journal is open: the run records the step
     progress = Progress(spec, step, total_rows)
     workers = max(spec.engine.workers, 1)
     if refs is not None:
@@ -146,6 +160,7 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
         take(fut)
     progress.advance(0, final=True)
     return acc
+
 
 @step("source-unchanged")
 def source_unchanged_task(spec: ReleaseSpec, digest: str) -> None:

@@ -26,6 +26,7 @@ def stage_task(spec: ReleaseSpec) -> publish.Stage:
     _mark("stage-release", stage_tmp=stage.tmp, stage_final=stage.final)
     return stage
 
+
 @step("estimate")
 def estimate_task(plan: stream.Plan, totals: stream.ChunkResult):
     """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
@@ -33,6 +34,7 @@ def estimate_task(plan: stream.Plan, totals: stream.ChunkResult):
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
     curves, summary = stream.continuous_totals(plan, totals, level)
     return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level))
+
 
 @step("validate")
 def validate_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
@@ -43,6 +45,7 @@ def validate_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
                           description=f"Great Expectations results ({result['gx']['scope']})")
     return _gate(result)
 
+
 def _gate(result: dict) -> dict:
     """The gate's verdict: this step fails (red in the UI) when a check refused the release."""
     checks = len(result["statistical"]) + len(result["gx"]["rows"])
@@ -50,6 +53,7 @@ def _gate(result: dict) -> dict:
         raise ValidationGateFailed(f"validation gate failed, nothing published: {result['message']}")
     get_run_logger().info("gate passed: %d checks", checks)
     return result
+
 
 @step("publish")
 def publish_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
@@ -73,9 +77,10 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
     _publish_artifacts(spec, assignments, report, overall, folder)
     return folder
 
-_IMAGE = re.compile(r"^!\[[^\]]*\]\(([^)]+)\)\s*$")
 
+_IMAGE = re.compile(r"^!\[[^\]]*\]\(([^)]+)\)\s*$")
 UI_MAX_COLUMNS = 6
+
 
 def ui_markdown(report: str, folder: Path) -> str:
     """The report as the Prefect UI can show it: images (relative files the UI cannot load) become a list of
@@ -111,6 +116,7 @@ def ui_markdown(report: str, folder: Path) -> str:
         i += 1
     return "\n".join(out) + "\n"
 
+
 def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) -> None:
     """The report, a table of the variables and a link to the folder, in the Prefect UI."""
     key = release_key(spec)
@@ -132,6 +138,7 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
                      "estimated_tvd": round(tvd[v.key], 6) if v.key in tvd else None})
     create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
     create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+
 
 @step("internal-report")
 def internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation,

@@ -22,6 +22,7 @@ def load_spec_task(spec_path: str) -> ReleaseSpec:
                         "the deployment was made from (run `prefect deploy` from the checkout)")
     return load_spec(spec_path)
 
+
 @step("start-run")
 def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]:
     """Recover runs on this private store that were killed (audited, staging removed, ledger settled);
@@ -46,6 +47,7 @@ def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]
                                  if entry.get("folder") else ", staging removed, reservation cancelled")
     return recovered
 
+
 def _mark_crashed(run: dict, folder: str | None) -> None:
     """A killed run's Prefect state: Crashed, saying what the recovery did (it would stay Running forever)."""
     from prefect import get_client
@@ -64,15 +66,18 @@ def _mark_crashed(run: dict, folder: str | None) -> None:
     except Exception as exc:  # another server, or the run was deleted: the audit entry is what counts
         get_run_logger().warning("could not mark the interrupted run %s crashed: %s", fr_id, type(exc).__name__)
 
+
 @step("reserve-budget")
 def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
     """The population's ε ledger: reserve this release's bound, or refuse it (before any data is read)."""
     return ledger.reserve_for(spec, run_id)
 
+
 @step("settle-budget")
 def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
     spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
     ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
+
 
 @step("finish-run")
 def finish_run_task() -> None:
@@ -80,11 +85,13 @@ def finish_run_task() -> None:
     if j is not None:
         j.close()
 
+
 def hand_over_journal(error: str) -> None:
     """The run could not record everything: leave its journal to the next run on the store, which recovers it."""
     j = _JOURNALS.pop(_flow_run_id(), None)
     if j is not None:
         j.hand_over(error)
+
 
 @step("audit")
 def audit_task(spec_path: str, event: str, fields: dict) -> dict:
@@ -94,6 +101,7 @@ def audit_task(spec_path: str, event: str, fields: dict) -> dict:
         fields = {"failed_step": j.data.get("step"), **fields}
         j.mark(j.data.get("step"), error=fields.get("error"))  # kept if this entry cannot be written
     return audit.AuditLog(store / "audit.jsonl").append(event, **fields)
+
 
 def _private_store(spec_path: str) -> Path:
     """The store the spec names, even when the spec does not load; an unreadable spec's default store beside it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -22,6 +23,7 @@ _JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journa
 quiet_step_failures()
 
 BOOKKEEPING = ("audit", "settle-budget", "finish-run")  # not release steps: the journal keeps the step before
+_TIMINGS: list[tuple[str, float]] = []  # (step, seconds inside it) of the runs in this process, in order
 
 
 def _transient(task, task_run, state) -> bool:
@@ -34,6 +36,7 @@ def _transient(task, task_run, state) -> bool:
         return True
     return True
 
+
 @contextlib.contextmanager
 def private_errors(name: str):
     """An error inside crosses into Prefect as StepFailed: public text, the whole error beside it."""
@@ -41,6 +44,7 @@ def private_errors(name: str):
         yield
     except Exception as exc:
         raise StepFailed.wrap(exc, name) from None
+
 
 def step(name: str, **options):
     """A release step as a Prefect task: results never persisted (they hold confidential data), the run's
@@ -51,22 +55,42 @@ def step(name: str, **options):
         def run(*args, **kwargs):
             if name not in BOOKKEEPING:
                 _mark(name)
-            with private_errors(name):
+            with private_errors(name), timed(name):
                 return fn(*args, **kwargs)
 
         return task(name=name, cache_policy=NO_CACHE, persist_result=False, **options)(run)
 
     return decorate
 
+
+@contextlib.contextmanager
+def timed(name: str):
+    """Record the seconds spent inside a step (what `pram-release run --timings` prints)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        _TIMINGS.append((name, time.perf_counter() - t))
+
+
+def take_timings() -> list[tuple[str, float]]:
+    """The steps timed in this process since the last call, in order (and forget them)."""
+    out = list(_TIMINGS)
+    _TIMINGS.clear()
+    return out
+
+
 def _flow_run_id() -> str:
     from prefect.runtime import flow_run
 
     return str(flow_run.id)
 
+
 def _mark(step: str, **fields) -> None:
     j = _JOURNALS.get(_flow_run_id())
     if j is not None:
         j.mark(step, **fields)
+
 
 def release_key(spec: ReleaseSpec) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in spec.release.lower())

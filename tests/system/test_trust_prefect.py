@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -186,8 +187,14 @@ def test_logs_carry_facts_not_plumbing(prefect_server, tmp_path):
     env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT),
            "PREFECT_LOGGING_LEVEL": "INFO"}
     spec = _release_folder(tmp_path, "logs", {"mode": "memory"})
-    out = _cli(["run", str(spec), "--seed", "5"], env, tmp_path)
+    out = _cli(["run", str(spec), "--seed", "5", "--timings"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
+    # --timings: every release step once, and the steps plus the rest add up to the flow time printed
+    flow = float(re.search(r"^flow time: ([\d.]+) s$", out.stdout, re.M).group(1))
+    rows = dict(re.findall(r"^(\S[\w -]*?)\s+([\d.]+)\s+\d+%$", out.stdout, re.M))
+    assert {"load-spec", "draw-seed", "profile-pass", "choose-channels", "perturb-pass", "estimate", "validate",
+            "publish", "internal-report"} <= set(rows), out.stdout
+    assert abs(sum(float(x) for x in rows.values()) - flow) <= 0.05 + 0.01 * len(rows), out.stdout
     with get_client(sync_client=True) as client:
         fr = _run_named(client, "trust-logs-")
         _, _, logs = _of_run(client, fr)
