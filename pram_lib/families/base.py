@@ -165,6 +165,24 @@ def leak_problem(column: str) -> str:
             "category, so records can be pinned down)")
 
 
+class OneColumn(Strict):
+    """A spec model for one released column (its `column:` names it)."""
+
+    column: str
+
+    @property
+    def key(self) -> str:
+        return self.column
+
+    @property
+    def names(self) -> list[str]:
+        return [self.column]
+
+    @property
+    def stratum_columns(self) -> list[str]:
+        return []
+
+
 class StatedLevel(Strict):
     """A spec model's privacy level, stated as alpha (ε) or gamma (e^ε)."""
 

@@ -23,7 +23,8 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import LEAK_FIX, PRIORS_FOR_REPORT, Family, StatedLevel, exact, leak_problem, pct
+from pram_lib.families.base import (LEAK_FIX, PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, leak_problem,
+                                    pct)
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 PERTURB = 0                      # randomness key purpose of the perturbation
@@ -46,10 +47,9 @@ class PriorDP(Strict):
 Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
 
 
-class CategoricalVariable(StatedLevel):
+class CategoricalVariable(OneColumn, StatedLevel):
     """A categorical variable released through one channel per stratum."""
 
-    column: str
     channel: Literal["pram-optimal", "rr-uniform", "pram-custom", "pram-invariant"]
     categories: list[Union[str, int]] | None = None
     matrix: list[list[float]] | None = None
@@ -101,14 +101,6 @@ class CategoricalVariable(StatedLevel):
                              f"(channel {self.channel}, prior {self.prior if isinstance(self.prior, str) else 'given'})"
                              ": drop it" + (", or add `prior: data`" if self.channel in DATA_PRIOR_CHANNELS else ""))
         return self
-
-    @property
-    def key(self) -> str:
-        return self.column
-
-    @property
-    def names(self) -> list[str]:
-        return [self.column]
 
     @property
     def stratum_columns(self) -> list[str]:

@@ -25,7 +25,7 @@ from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_rel
 from pram_lib.core.randomness import ExactSums, per_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import noise_consistency_test
-from pram_lib.families.base import Family, exact, fmt_num, pct
+from pram_lib.families.base import Family, OneColumn, exact, fmt_num, pct
 
 PERTURB, SKETCH = 0, 4   # randomness key purposes: the noise, the pass-1 sample
 
@@ -38,10 +38,9 @@ class Protection(Strict):
     delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
 
 
-class NoiseVariable(Strict):
+class NoiseVariable(OneColumn):
     """A continuous variable released as Z = X + Y, Y two-sided Gamma noise."""
 
-    column: str
     channel: Literal["gamma-noise", "laplace-noise"]
     protection: Protection | None = None
     theta: float | None = Field(default=None, gt=0, le=1)
@@ -90,18 +89,6 @@ class NoiseVariable(Strict):
         if self.bounds is not None and not self.bounds[0] < self.bounds[1]:
             raise ValueError("bounds must be [lower, upper] with lower < upper")
         return self
-
-    @property
-    def key(self) -> str:
-        return self.column
-
-    @property
-    def names(self) -> list[str]:
-        return [self.column]
-
-    @property
-    def stratum_columns(self) -> list[str]:
-        return []
 
     @property
     def level(self) -> Protection:
