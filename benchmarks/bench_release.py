@@ -159,6 +159,14 @@ def parallel_ceiling(source: Path, work: Path, k: int = 4) -> tuple[float, float
     return serial, parallel, 2 * serial / parallel
 
 
+def plain_baseline(spec: Path) -> float:
+    """Seconds of benchmarks/baseline_plain.py's timed part on `spec`'s source, in a fresh process on CPU 0."""
+    pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+    out = subprocess.run([*pin, sys.executable, "-m", "benchmarks.baseline_plain", str(spec)], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return float(re.search(r"plain pyarrow \+ numpy: ([\d.]+) s", out).group(1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1e6,1e7,1e8")
@@ -208,6 +216,13 @@ def main() -> None:
         print(f"machine ceiling: 4 chunks {serial:.2f} s in one process, 2 x 4 chunks {parallel:.2f} s in two "
               f"processes: {ceiling:.2f}x", flush=True)
     verdicts = []
+    if 10_000_000 in sizes:   # issue 15's baseline: a plain pyarrow + numpy script, one core, same channels
+        plain = plain_baseline(DATA / "run-10000000" / "census.yaml")
+        flow = next(r[3] for r in rows if r[0] == f"{10**7:,}" and r[1] == "stream")
+        print(f"plain pyarrow + numpy script at 10^7 rows: {plain:.2f} s", flush=True)
+        verdicts.append(f"10^7 rows, stream: flow {flow} s = {flow / plain:.2f}x a plain pyarrow + numpy script "
+                        f"(read, perturb the same channels, write; {plain:.2f} s, one core): "
+                        f"{'PASS' if flow <= 2 * plain else 'FAIL'} against issue 15's floor (<= 2x)")
     for n, engine, _, flow, _, _, rss, _ in rows:
         if n == f"{10**7:,}":
             verdicts.append(f"10^7 rows, {engine}: {flow} s {'<=' if flow <= FLOOR_SECONDS_1E7 else '>'} 60 s: "
