@@ -18,7 +18,9 @@ noise: the plain kernel estimator). Section numbers (§) refer to ``shared/refer
 Everything is grid-vectorised: φ̂_Z is computed once at the Gauss–Legendre nodes t_k on [0, 1/b]
 (chunked over records, or from a linear binning of Z with width b/64 whenever that grid has fewer points
 than there are records, so the cost O(nodes·min(n, bins)) has no jump in n; the binning moves each
-e^{itZ} by at most (t·width)²/8 ≤ 3.1e-5), then ĝ and Ĝ on an x-grid are one matrix product.
+e^{itZ} by at most (t·width)²/8 ≤ 3.1e-5), then ĝ and Ĝ on an x-grid are one matrix product. On a
+binning grid (a lattice lo + width·k) the phases e^{itx} come from angle addition over two factors
+(about 4√K cosines and sines per node for K grid points instead of 2K).
 """
 
 from __future__ import annotations
@@ -169,6 +171,69 @@ def auto_bin_width(n: int, span: float, bandwidth: float) -> float | None:
     return width if span / width < n - 2 else None       # ⌊s⌋ + 2 < n  ⟺  s < n - 2 for integer n
 
 
+def _cis(angle: np.ndarray) -> np.ndarray:
+    """e^{i·angle} as cos + i sin."""
+    out = np.empty(angle.shape, dtype=complex)
+    out.real = np.cos(angle)
+    out.imag = np.sin(angle)
+    return out
+
+
+def _lattice_factors(t: np.ndarray, lo: float, width: float, kmax: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """e^{i t (lo + width·k)} = Eq[q, :]·Er[r, :] for k = qR + r ≤ kmax, R = ⌊√kmax⌋ + 1.
+
+    Angle addition: 2(Q + R) ≈ 4√kmax cosines and sines per node instead of 2(kmax + 1). The product
+    differs from cos + i sin of t·(lo + width·k) by about eps·t·(|lo| + width·kmax), the size of the
+    rounding of the point lo + width·k itself.
+    """
+    R = math.isqrt(kmax) + 1
+    Q = kmax // R + 1
+    Eq = _cis(np.multiply.outer(lo + (width * R) * np.arange(Q), t))
+    Er = _cis(np.multiply.outer(width * np.arange(R), t))
+    return R, Eq, Er
+
+
+def _lattice_cf(t: np.ndarray, lo: float, width: float, k: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """Σ_j mass_j e^{i t (lo + width·k_j)} at every t (k: non-negative integers).
+
+    With the masses on the dense Q × R lattice, Σ_r mass_{qR+r} Er[r] for every q is one real matrix
+    product (Er as interleaved real and imaginary parts), then the sum over q of Eq[q]·(that).
+    """
+    R, Eq, Er = _lattice_factors(t, lo, width, int(k.max()))
+    dense = np.bincount(k, mass, minlength=Eq.shape[0] * R).reshape(Eq.shape[0], R)
+    inner = (dense @ Er.view(float)).view(complex)                # Q × nodes
+    inner *= Eq
+    return inner.sum(axis=0)
+
+
+_PHASE_BLOCK_BYTES = 1 << 21     # size of one block of phases in _lattice_cf_columns (stays in cache)
+
+
+def _lattice_cf_columns(t: np.ndarray, lo: float, width: float, k: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Σ_j W[j, c] e^{i t (lo + width·k_j)}: nodes × columns, for many weight columns (bootstrap counts).
+
+    Per block of points, the phases e^{i t x_j} (points × nodes, complex) come from the lattice factors;
+    viewed as interleaved real numbers they enter one real matrix product with the block's weights,
+    whose rows 2i and 2i + 1 are the real and imaginary parts at node t_i.
+    """
+    R, Eq, Er = _lattice_factors(t, lo, width, int(k.max()))
+    q, r = np.divmod(k, R)
+    rows = max(1, min(k.size, _PHASE_BLOCK_BYTES // (16 * t.size)))
+    ph = np.empty((rows, t.size), dtype=complex)
+    ph_r = np.empty((rows, t.size), dtype=complex)
+    acc = np.zeros((2 * t.size, W.shape[1]))
+    part = np.empty_like(acc)               # reused: a fresh product per block would cost page faults
+    for s in range(0, k.size, rows):
+        e = min(s + rows, k.size)
+        a, b = ph[:e - s], ph_r[:e - s]
+        np.take(Eq, q[s:e], axis=0, out=a, mode="clip")    # indices are in range; "raise" would buffer
+        np.take(Er, r[s:e], axis=0, out=b, mode="clip")
+        a *= b
+        np.matmul(a.view(float).T, W[s:e], out=part)
+        acc += part
+    return acc[0::2] + 1j * acc[1::2]
+
+
 def _phi_hat(zc: np.ndarray, t: np.ndarray, bin_width: float | None) -> np.ndarray:
     """φ̂(t) = mean e^{itZ} (Z already centred), exact in chunks or from a linear binning."""
     if bin_width is not None:
@@ -177,11 +242,9 @@ def _phi_hat(zc: np.ndarray, t: np.ndarray, bin_width: float | None) -> np.ndarr
         i = np.floor(pos).astype(np.int64)
         fr = pos - i
         wts = np.bincount(i, 1 - fr, minlength=i.max() + 2) + np.bincount(i + 1, fr, minlength=i.max() + 2)
-        grid = lo + bin_width * np.arange(wts.size)
-        keep = wts > 0
-        zc, mass = grid[keep], wts[keep] / zc.size
-    else:
-        mass = np.full(zc.size, 1.0 / zc.size)
+        k = np.flatnonzero(wts > 0)               # grid points lo + bin_width·k
+        return _lattice_cf(t, lo, bin_width, k, wts[k] / zc.size)
+    mass = np.full(zc.size, 1.0 / zc.size)
     re = np.zeros(t.size)
     im = np.zeros(t.size)
     step = max(1, int(1_000_000 // t.size))
@@ -310,7 +373,8 @@ def bootstrap_band(z: Any, theta: float, eta: float, x: Any = None, *, B: int = 
 
     Resampling the records with replacement is done exactly on their binned version (width b/64,
     widened to at most ``max_bins`` bins): a bootstrap sample of the binned data is a multinomial
-    draw of the bin counts, so B replicates cost O(nodes·bins·B) whatever n. The bands are *basic*
+    draw of the bin counts, so B replicates cost O(nodes·bins·B) whatever n (one real matrix product of
+    the lattice phases with the B replicates and the binned sample as columns). The bands are *basic*
     bootstrap bands centred on the full estimate of :func:`deconvolve` (Ĝ - quantiles of Ĝ* - Ĝ_binned),
     so the coarser bootstrap binning enters only through the spread. The bandwidth is held fixed at the full-sample value. The bands
     cover the variability of the estimator, not its smoothing bias.
@@ -325,22 +389,17 @@ def bootstrap_band(z: Any, theta: float, eta: float, x: Any = None, *, B: int = 
     idx = np.rint((zc - lo) / width).astype(np.int64)
     counts = np.bincount(idx)
     occ = np.flatnonzero(counts)
-    pts, p = lo + width * occ, counts[occ] / n
+    p = counts[occ] / n
     u, w = _nodes01(nodes)
     t = u / b
     psi = fan_kernel_ft(u) / noise_cf(t, theta, eta)
-    boot = rng.multinomial(n, p, size=B).T / n            # bins × B
-    phi_b = np.zeros((t.size, B), dtype=complex)
-    phi_0 = np.zeros(t.size, dtype=complex)
-    step = max(1, int(1_000_000 // t.size))
-    for s in range(0, pts.size, step):
-        arg = np.multiply.outer(t, pts[s:s + step])
-        C, S = np.cos(arg), np.sin(arg)
-        phi_b += C @ boot[s:s + step] + 1j * (S @ boot[s:s + step])
-        phi_0 += C @ p[s:s + step] + 1j * (S @ p[s:s + step])
-    g0, G0 = _inversion(xg - c, t, w / b, psi, phi_0)
-    gb, Gb = _inversion(xg - c, t, w / b, psi, phi_b)
-    dG, dg = Gb - G0[:, None], gb - g0[:, None]
+    weights = np.empty((occ.size, B + 1))                  # bins × (B replicates, then the binned sample)
+    weights[:, :B] = rng.multinomial(n, p, size=B).T
+    weights[:, :B] /= n
+    weights[:, B] = p
+    phi = _lattice_cf_columns(t, lo, width, occ, weights)   # points lo + width·occ
+    g, G = _inversion(xg - c, t, w / b, psi, phi)
+    dG, dg = G[:, :B] - G[:, B:], g[:, :B] - g[:, B:]
     a = (1 - level) / 2
     qG = np.quantile(dG, [a, 1 - a], axis=1)
     qg = np.quantile(dg, [a, 1 - a], axis=1)

@@ -24,8 +24,9 @@ Implementer decisions (all from §7 of the reference): the sup over z is taken o
 ϑ-grid {0.05, ..., 1}; utility criterion ``V(b*) = ∫K̃(tb*)²/f̃(t)² dt`` at the AIMSE bandwidth
 with μ²_{K,2} = 36 (the paper's printed 11520 is available as ``bias_const=11520``).
 
-**Speed (large n).** ``method="exact"`` evaluates Eq. (7) on the raw data and a z-grid of m points:
-O(n·m) per evaluation (O(n + m) for ϑ = 1, where the weights factorise). ``method="binned"``
+**Speed (large n).** ``method="exact"`` evaluates Eq. (7) on the raw data and a z-grid of m points,
+summing over the u distinct values with their multiplicities: O(u·m) per evaluation, u ≤ n (O(u + m)
+for ϑ = 1, where the weights factorise). ``method="binned"``
 (chosen by ``method="auto"`` when n·m > 1e7) replaces the data by
 its histogram on a lattice of width h that contains the window half-width A = Qσ̂ an integer number
 L of times; z runs over the lattice edges, so the window is a union of whole bins and holds exactly
@@ -330,9 +331,10 @@ class _ExactEvaluator:
 
     Log-sum-exp with the exact shift: for ϑ ≤ 1 the log-weight (ϑ-1)log d - d/η decreases in the
     distance d, so the nearest record carries the largest weight and the shifted exponents
-    (ϑ-1)(log d - log d_min) - (d - d_min)/η are ≤ 0. The data are sorted, so the window of each z is
-    a contiguous index range, summed with ``np.add.reduceat``. Work is done in
-    cache-sized row blocks; |z - x| and its log are precomputed when n·m ≤ 4e6.
+    (ϑ-1)(log d - log d_min) - (d - d_min)/η are ≤ 0. Records with equal values share their weight,
+    so the sums run over the sorted distinct values, each weight times its multiplicity; the window
+    of each z is a contiguous range of them, summed with ``np.add.reduceat``. Work is done in
+    cache-sized row blocks; |z - x| and its log are precomputed when (distinct values)·m ≤ 4e6.
     """
 
     kind = "exact"
@@ -340,7 +342,11 @@ class _ExactEvaluator:
     _BLOCK = 1 << 17
 
     def __init__(self, x: np.ndarray, A: float, z: np.ndarray, strict: bool = True):
-        self.x = np.sort(np.asarray(x, dtype=float))
+        x = np.asarray(x, dtype=float).ravel()
+        self.n = int(x.size)
+        self.x, counts = np.unique(x, return_counts=True)      # sorted distinct values
+        self.counts = counts.astype(float)
+        self.tied = bool(self.x.size < self.n)
         self.A = float(A)
         z = np.asarray(z, dtype=float)
         i = np.searchsorted(self.x, z)
@@ -348,7 +354,7 @@ class _ExactEvaluator:
         self.z = z[~hit]
         self.dropped = int(hit.sum())
         self.strict = strict
-        n, m = self.x.size, self.z.size
+        u, m = self.x.size, self.z.size
         if strict:     # x in (z - A, z + A)
             self.lo = np.searchsorted(self.x, self.z - self.A, side="right")
             self.hi = np.searchsorted(self.x, self.z + self.A, side="left")
@@ -357,11 +363,11 @@ class _ExactEvaluator:
             self.hi = np.searchsorted(self.x, self.z + self.A, side="right")
         j = np.searchsorted(self.x, self.z)
         left = np.where(j > 0, self.z - self.x[np.maximum(j - 1, 0)], np.inf)
-        right = np.where(j < n, self.x[np.minimum(j, n - 1)] - self.z, np.inf)
+        right = np.where(j < u, self.x[np.minimum(j, u - 1)] - self.z, np.inf)
         self.dmin = np.minimum(left, right)
-        self.rows = max(1, self._BLOCK // max(n, 1))
+        self.rows = max(1, self._BLOCK // max(u, 1))
         self._pre = None
-        if n * m <= self._PRE_MAX:
+        if u * m <= self._PRE_MAX:
             d = np.abs(self.z[:, None] - self.x[None, :])
             logd = np.log(d)
             d -= self.dmin[:, None]
@@ -369,12 +375,15 @@ class _ExactEvaluator:
             self._pre = (d, logd)
 
     def _M_laplace(self, eta: float) -> np.ndarray:
-        """ϑ = 1 in O(n + m): e^{-|z - x|/η} factorises on each side of z, so the sums over any index
-        range are differences of prefix log-sum-exps of ±x/η (computed relative to their end values)."""
-        x, z, n = self.x, self.z, self.x.size
-        P = np.concatenate([[-np.inf], np.logaddexp.accumulate(x / eta)])          # log Σ_{i<k} e^{x_i/η}
-        S = np.concatenate([np.logaddexp.accumulate((-x / eta)[::-1])[::-1], [-np.inf]])  # log Σ_{i≥k} e^{-x_i/η}
-        j = np.searchsorted(x, z)                       # records left of z: i < j (z is never a record)
+        """ϑ = 1 in O(u + m): e^{-|z - x|/η} factorises on each side of z, so the sums over any index
+        range are differences of prefix log-sum-exps of ±x/η + log(multiplicity) (relative to their
+        end values)."""
+        x, z = self.x, self.z
+        logc = np.log(self.counts) if self.tied else 0.0
+        P = np.concatenate([[-np.inf], np.logaddexp.accumulate(x / eta + logc)])    # log Σ_{i<k} c_i e^{x_i/η}
+        S = np.concatenate([np.logaddexp.accumulate((logc - x / eta)[::-1])[::-1],
+                            [-np.inf]])                                          # log Σ_{i≥k} c_i e^{-x_i/η}
+        j = np.searchsorted(x, z)                       # values left of z: i < j (z is never a data value)
         lo, hi = self.lo, self.hi
         lg_left = P[j] - z / eta
         lg_right = S[j] + z / eta
@@ -391,50 +400,43 @@ class _ExactEvaluator:
             raise ValueError("the exact evaluator is for 0 < theta <= 1")
         if theta == 1.0:
             return self._M_laplace(eta)
-        n, m = self.x.size, self.z.size
+        u, m = self.x.size, self.z.size
         rows = self.rows
-        buf = np.empty((rows, n))
-        buf2 = np.empty((rows, n)) if theta != 1.0 else None
+        buf = np.empty((rows, u))
+        buf2 = np.empty((rows, u))
         num = np.empty(m)
         den = np.empty(m)
         for s in range(0, m, rows):
             e = min(s + rows, m)
             k = e - s
             a = buf[:k]
+            b2 = buf2[:k]
             if self._pre is not None:
-                d_rel, logd_rel = self._pre[0][s:e], self._pre[1][s:e]
-                np.multiply(d_rel, -1.0 / eta, out=a)
-                if theta != 1.0:
-                    b2 = buf2[:k]
-                    np.multiply(logd_rel, theta - 1.0, out=b2)
-                    a += b2
+                np.multiply(self._pre[0][s:e], -1.0 / eta, out=a)
+                np.multiply(self._pre[1][s:e], theta - 1.0, out=b2)
             else:
-                zb = self.z[s:e, None]
-                np.subtract(zb, self.x[None, :], out=a)
+                np.subtract(self.z[s:e, None], self.x[None, :], out=a)
                 np.abs(a, out=a)
-                if theta != 1.0:
-                    b2 = buf2[:k]
-                    np.log(a, out=b2)
-                    b2 -= np.log(self.dmin[s:e])[:, None]
-                    b2 *= theta - 1.0
-                    a -= self.dmin[s:e, None]
-                    a *= -1.0 / eta
-                    a += b2
-                else:
-                    a -= self.dmin[s:e, None]
-                    a *= -1.0 / eta
+                np.log(a, out=b2)
+                b2 -= np.log(self.dmin[s:e])[:, None]
+                b2 *= theta - 1.0
+                a -= self.dmin[s:e, None]
+                a *= -1.0 / eta
+            a += b2
             np.exp(a, out=a)
+            if self.tied:
+                a *= self.counts
             den[s:e] = a.sum(axis=1)
             lo, hi = self.lo[s:e], self.hi[s:e]
-            base = n * np.arange(k)
-            start, end = np.minimum(lo, n - 1), np.minimum(hi, n - 1)
+            base = u * np.arange(k)
+            start, end = np.minimum(lo, u - 1), np.minimum(hi, u - 1)
             idx = np.empty(2 * k, dtype=np.int64)
             idx[0::2] = base + start
             idx[1::2] = base + end
             seg = np.add.reduceat(a.reshape(-1), idx)[0::2]
             # reduceat sums [idx_i, idx_i+1) but returns a[idx_i] when that range is empty; a window
-            # reaching the row end (hi = n) must also include the last element
-            seg = np.where(end > start, seg, 0.0) + np.where(hi >= n, a[:, -1], 0.0)
+            # reaching the row end (hi = u) must also include the last element
+            seg = np.where(end > start, seg, 0.0) + np.where(hi >= u, a[:, -1], 0.0)
             num[s:e] = np.where(hi > lo, seg, 0.0)
         return np.clip(num / den, 0.0, 1.0)
 
@@ -442,8 +444,8 @@ class _ExactEvaluator:
         return float(np.max(self.M(theta, eta)))
 
     def info(self) -> dict:
-        return {"kind": "exact", "m": int(self.z.size), "z_dropped_equal_to_data": self.dropped,
-                "strict_window": self.strict}
+        return {"kind": "exact", "n": self.n, "distinct_values": int(self.x.size), "m": int(self.z.size),
+                "z_dropped_equal_to_data": self.dropped, "strict_window": self.strict}
 
 
 _MIN_L = 16
@@ -485,7 +487,9 @@ class _BinnedEvaluator:
         occ = np.concatenate([[0], np.cumsum(self.c > 0)])
         j = np.arange(self.K + 1)
         self.nonempty = (occ[np.minimum(j + self.L, self.K)] - occ[np.maximum(j - self.L, 0)]) > 0
-        self.nfft = sfft.next_fast_len(3 * self.K, real=True)
+        # the edges need the linear convolution of c (K) and the kernel (2K) only at lags K-1 .. 2K-1,
+        # which a circular one of length >= 2K leaves unaliased
+        self.nfft = sfft.next_fast_len(2 * self.K, real=True)
         self.C = sfft.rfft(self.c, self.nfft)
         self.c_l2 = float(np.sqrt(np.sum(self.c**2)))
         s = np.arange(-(self.K - 1), self.K + 1)
@@ -553,15 +557,18 @@ class _BinnedEvaluator:
             if s_cut < K:
                 y, logy, gw = self._gq_nodes()
                 logc = math.log(2.0) + special.gammaln(theta) + theta * math.log(eta)
-                a = (theta - 1.0) * logy[s_cut:] - y[s_cut:] / eta - logc
-                wpos[s_cut:] = np.exp(a) @ gw
+                a = (theta - 1.0) * logy[:, s_cut:] - y[:, s_cut:] / eta - logc
+                np.exp(a, out=a)
+                a *= gw[:, None]
+                wpos[s_cut:] = a.sum(axis=0)     # not a BLAS matrix-vector product (thread wake-ups cost more)
         np.clip(wpos, 0.0, None, out=wpos)
         return np.concatenate([wpos[::-1], wpos])
 
     def _gq_nodes(self):
+        """Gauss–Legendre nodes y[i, s] (node i of bin s; node-major: the node sum adds rows), log y, weights."""
         if getattr(self, "_gq", None) is None:
             xg, wg = special.roots_legendre(self._GQ_NODES)
-            y = self.h * (np.arange(self.K)[:, None] + 0.5 * (xg[None, :] + 1.0))
+            y = self.h * (np.arange(self.K)[None, :] + 0.5 * (xg[:, None] + 1.0))
             self._gq = (y, np.log(y), 0.5 * self.h * wg)
         return self._gq
 
@@ -585,7 +592,8 @@ class _BinnedEvaluator:
         D = N + O
         # FFT round-off is absolute (about eps·||c||·||v||): where it is not below 1e-9·D (z far, in
         # units of η, from every record) the value is recomputed directly
-        tau = 16 * np.finfo(float).eps * math.sqrt(math.log2(self.nfft)) * self.c_l2 * float(np.sqrt(np.dot(v, v)))
+        v_l2 = math.sqrt(float(np.sum(v * v)))          # not np.dot: a threaded BLAS call costs more here
+        tau = 16 * np.finfo(float).eps * math.sqrt(math.log2(self.nfft)) * self.c_l2 * v_l2
         bad = self.nonempty & (D * 1e-9 < tau)
         with np.errstate(invalid="ignore", divide="ignore"):
             out = np.where(self.nonempty & (D > 0), N / np.where(D > 0, D, 1.0), 0.0)
@@ -903,9 +911,9 @@ def choose_gamma_noise(x: Any, Q: float = DEFAULT_Q, delta: float = DEFAULT_DELT
     {0.05, ..., 1.00}, the z-grid (m = 2000), the scan/Brent solver and the default criterion are the
     reference's implementation choices (§4.3, §7). Missing values (NaN) are ignored.
 
-    ``method``: ``"exact"`` (Eq. (7) on the raw data, O(n·m) per evaluation), ``"binned"`` (lattice
-    histogram + FFT, O(K log K), see the module docstring for the error statement) or ``"auto"``
-    (exact when n·m ≤ 1e7).
+    ``method``: ``"exact"`` (Eq. (7) on the raw data, O(u·m) per evaluation for u ≤ n distinct values),
+    ``"binned"`` (lattice histogram + FFT, O(K log K), see the module docstring for the error
+    statement) or ``"auto"`` (exact when n·m ≤ 1e7).
 
     Discrete data (``resolution``): integer-valued variables (age, hours) put point masses on a
     lattice. For ϑ < 1 the noise density is unbounded at 0, so M̂ at a z close to a heavily tied
