@@ -9,7 +9,7 @@ from typing import Literal
 
 from prefect import flow
 
-from pram_lib.pipeline import stream
+from pram_lib.pipeline import sidecar, stream
 from pram_lib.spec import check_streamable
 from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, open_source_task, perturb_chunks_task,
                           perturb_pass_task, profile_chunks_task, profile_pass_task, seed_task, source_unchanged_task)
@@ -57,12 +57,14 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         run.published(_release(run, spec.on_engine(run.engine)))
         return run.finish()
     except BaseException as exc:
+        sidecar.settle()   # nothing may still write into the staging folder the failure handling removes
         raise run.fail(exc) from None
 
 
 def _release(run: ReleaseRun, spec) -> Path:
     """Two passes over the source's chunks (one chunk in memory; chunks on one core or mapped on Dask):
     profile, choose, perturb and write, estimate, validate, publish."""
+    sidecar.start()   # Great Expectations loads in a second process while this one reads the data
     seed = seed_task(spec, run.run_id, run.seed)
     stage = run.stage = stage_task(spec)
     source_sha, refs = open_source_task(spec)
@@ -74,9 +76,9 @@ def _release(run: ReleaseRun, spec) -> Path:
     source_unchanged_task(spec, source_sha)
     run.assignments = assignments
     run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
-    estimates, distributions = estimate_task(plan, totals)
-    validation = run.validated(validate_task(spec, profile, plan, totals, stage))
-    folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation,
+    estimates, distributions, jobs = estimate_task(spec, profile, plan, totals, stage)   # GX, plots: sidecar
+    validation = run.validated(validate_task(spec, profile, plan, totals, stage, jobs))
+    folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation, jobs,
                                        run.started_at)
     run.settle()
     internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation, folder.name)
@@ -131,8 +133,13 @@ def local_cluster(**kwargs):
 def run_release(spec_path: str, seed: int | None = None, engine: str | None = None, **options):
     """Run the release flow from Python (the CLI, tests): a fixed `seed` goes to the run without ever being a
     Prefect parameter. A user's error is re-raised as itself (a SpecError with its location)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
     try:
-        with fixed_seed(seed):
+        # No flow-run heartbeats in-process: Prefect joins its heartbeat thread at the end of a run, and that
+        # thread sleeps in 1 s steps (up to 1 s lost per release). A killed run is set Crashed by the next
+        # run's recovery instead (tasks/run_log.py); deployments keep Prefect's heartbeats.
+        with fixed_seed(seed), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             return release_flow(spec_path, engine=engine, **options)
     except StepFailed as exc:
         original = getattr(exc, "original", None)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger
@@ -13,7 +15,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from pram_lib.core.guarantee import NotDP
 from pram_lib.families import family_of
-from pram_lib.pipeline import publish, release, stream
+from pram_lib.pipeline import publish, release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.privacy import ValidationGateFailed
 from tasks.steps import _JOURNALS, _flow_run_id, _mark, release_key, step
@@ -27,20 +29,31 @@ def stage_task(spec: ReleaseSpec) -> publish.Stage:
     return stage
 
 
+@dataclass(frozen=True)
+class SidecarJobs:
+    """Work running in the sidecar process beside the flow's steps: the gate's GX suite, then the plots."""
+
+    gx: Future
+    plots: Future
+
+
 @step("estimate")
-def estimate_task(plan: stream.Plan, totals: stream.ChunkResult):
-    """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample."""
-    level = plan.spec.confidence
+def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.ChunkResult, stage: publish.Stage):
+    """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample.
+    First it starts the gate's GX suite in the sidecar, and when the estimates are in, the plots (they run
+    beside this step and the gate's tests)."""
+    level = spec.confidence
+    gx = stream.start_gx(spec, profile, plan, totals, stage.tmp / "validation")
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
     curves, summary = stream.continuous_totals(plan, totals, level)
-    return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level))
+    values = totals.sample[list(curves["variable"].unique())] if not curves.empty else None
+    plots = sidecar.submit(publish.draw_plots, stage, estimates, curves, values, level)
+    return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level)), SidecarJobs(gx, plots)
 
 
 @step("validate")
-def validate_task(spec, profile, plan, totals, stage: publish.Stage) -> dict:
-    out = stage.tmp / "validation"
-    out.mkdir(exist_ok=True)
-    result = stream.run_gate_totals(spec, profile, plan, totals, out)
+def validate_task(spec, profile, plan, totals, stage: publish.Stage, jobs: SidecarJobs) -> dict:
+    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", jobs.gx)
     create_table_artifact(key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
                           description=f"Great Expectations results ({result['gx']['scope']})")
     return _gate(result)
@@ -56,7 +69,8 @@ def _gate(result: dict) -> dict:
 
 
 @step("publish")
-def publish_task(spec, stage, plan, totals, estimates, distributions, validation, started) -> Path:
+def publish_task(spec, stage, plan, totals, estimates, distributions, validation, jobs: SidecarJobs,
+                 started) -> Path:
     """The data are already in the staging folder (written chunk by chunk)."""
     assignments = list(plan.assignments)
     sampled = 0 if totals.sample is None else len(totals.sample)
@@ -72,7 +86,7 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
                           "from every row")
     columns = list(totals.sample.columns) if totals.sample is not None else []
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
-                                                  totals.rows, columns, started, totals.sample, processing)
+                                                  totals.rows, columns, started, jobs.plots.result(), processing)
     folder = publish.finish_release(stage)
     _publish_artifacts(spec, assignments, report, overall, folder)
     return folder

@@ -113,7 +113,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import chi2, norm
+from scipy.special import chdtri, ndtri
 
 from pram_lib.channels.adjust import RakingResult, rake
 from pram_lib.core.channel import Channel
@@ -235,7 +235,7 @@ def make_proper(v: Sequence[float], method: str = "clip_rescale") -> np.ndarray:
 
 def chi2_B(r: int, alpha: float = 0.05) -> float:
     """B of Eqs. 5–6: the upper α/r point of χ²_1 (√B = z_{1 − α/(2r)}, Bonferroni)."""
-    return float(chi2.isf(alpha / r, 1))
+    return float(chdtri(1, alpha / r))
 
 
 class ErrorBounds(NamedTuple):
@@ -836,7 +836,7 @@ def _grr_closed_form(counts: np.ndarray, keep: float, level: float) -> dict[str,
     d = keep - q
     est = (lam - q) / d
     se = np.sqrt(np.maximum(lam * (1.0 - lam), 0.0) / n) / d
-    z = float(norm.ppf(0.5 + level / 2.0))
+    z = float(ndtri(0.5 + level / 2.0))
     # MLE on the simplex: p = max(λ/ν − c, 0), c = q/d, Σp = 1 (water-filling over the observed cells)
     c = q / d
     obs = np.flatnonzero(lam > 0)
@@ -1002,7 +1002,7 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
         others = np.prod([q["estimate"] for h, q in enumerate(parts) if h != g], axis=0)
         var += (others * p["se"]) ** 2
     se = np.sqrt(var)
-    z = float(norm.ppf(0.5 + level / 2.0))
+    z = float(ndtri(0.5 + level / 2.0))
     cols = {"estimate": est, "se": se, "lower": est - z * se, "upper": est + z * se,
             "projected": np.prod([p["projected"] for p in parts], axis=0),
             "mle": np.prod([p["mle"] for p in parts], axis=0)}

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 from scipy.linalg import null_space, solve_triangular
-from scipy.stats import norm
+from scipy.special import ndtri
 
 DENSE_COV_MAX_S = 2000  # family (8): above this S no S×S covariance is built
 DEFAULT_MAX_CONDITION = 1e12
@@ -654,7 +654,7 @@ def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float
         cov = (cov + cov.T) / 2.0
         var = np.diag(cov).copy()
     se = np.sqrt(np.maximum(var, 0.0))
-    z = float(norm.ppf(0.5 + level / 2.0))
+    z = float(ndtri(0.5 + level / 2.0))
     projected = project_to_simplex(p_inv)
 
     mle, iters, newton_iters, conv, how = _mle(ops, mhat, p_inv, channel.n_outputs, em_tol, em_max_iter)

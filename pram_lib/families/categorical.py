@@ -19,12 +19,12 @@ from pydantic import Field, field_validator, model_validator
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import dense_epsilon, encode
+from pram_lib.core.counting import codes_of, combination_counts
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import (LEAK_FIX, PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, leak_problem,
-                                    pct)
+from pram_lib.families.base import LEAK_FIX, PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, leak_problem, pct
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 PERTURB = 0                      # randomness key purpose of the perturbation
@@ -169,12 +169,9 @@ def value_key(x) -> object:
 
 def count_values(df: pd.DataFrame, columns: list[str]) -> Counter:
     """{(value, ...): rows} over the given columns, missing values as None."""
-    vc = df[columns].value_counts(dropna=False, sort=False)
-    out: Counter = Counter()
-    for k, n in vc.items():
-        if n:
-            out[tuple(value_key(x) for x in (k if isinstance(k, tuple) else (k,)))] += int(n)
-    return out
+    values, counts = combination_counts(df, columns)
+    keys = zip(*(v.tolist() for v in values)) if columns else [()] * len(counts)
+    return Counter({tuple(value_key(x) for x in key): int(n) for key, n in zip(keys, counts)})
 
 
 def key_order(key: tuple) -> tuple:
@@ -386,12 +383,10 @@ class Categorical(Family):
             for j, ch in channels.items():
                 rows = np.flatnonzero(sidx == j)
                 out[rows] = ch.perturb_codes(codes[rows], Replay(u[rows]))
-        live, rel = codes >= 0, out >= 0
-        stats = CategoricalStats(
-            np.bincount(sidx[live] * k + codes[live], minlength=n_strata * k).reshape(n_strata, k),
-            np.bincount(sidx[rel] * k_out + out[rel], minlength=n_strata * k_out).reshape(n_strata, k_out),
-            {v.column: int((~rel).sum())})
-        return {v.column: pd.Categorical.from_codes(out, categories=list(first.output_categories))}, stats
+        source, released = _counts(sidx, codes, n_strata, k), _counts(sidx, out, n_strata, k_out)
+        stats = CategoricalStats(source[:, 1:], released[:, 1:], {v.column: int(released[:, 0].sum())})
+        return {v.column: pd.Categorical.from_codes(out, categories=list(first.output_categories),
+                                                    validate=False)}, stats
 
     def estimates(self, plan, v, assignments, stats, level):
         strata = plan.variables[v.key].strata
@@ -524,6 +519,13 @@ def estimate_frame(a: Assignment, counts: np.ndarray, level: float = 0.95) -> pd
     })
 
 
+def _counts(sidx: np.ndarray, codes: np.ndarray, n_strata: int, k: int) -> np.ndarray:
+    """(strata, 1 + k) row counts; column 0 counts the missing values (code -1)."""
+    if n_strata == 1:
+        return np.bincount(codes + 1, minlength=k + 1).reshape(1, k + 1)
+    return np.bincount(sidx * (k + 1) + codes + 1, minlength=n_strata * (k + 1)).reshape(n_strata, k + 1)
+
+
 def _stratum_index(plan, vplan: CategoricalPlan, v, df: pd.DataFrame) -> np.ndarray:
     """Row -> global stratum number, by factorising each stratum column (codes of a categorical are free)."""
     if not v.strata:
@@ -531,10 +533,9 @@ def _stratum_index(plan, vplan: CategoricalPlan, v, df: pd.DataFrame) -> np.ndar
     combined = np.zeros(len(df), dtype=np.int64)
     labels: list[list] = []
     for c in v.strata:
-        codes, uniques = pd.factorize(df[c], use_na_sentinel=True)
-        values = [value_key(u) for u in uniques] + [None]
-        combined = combined * len(values) + np.where(codes < 0, len(values) - 1, codes)
-        labels.append(values)
+        codes, values = codes_of(df[c])
+        combined = combined * len(values) + codes
+        labels.append([value_key(u) for u in values])
     sizes = [len(x) for x in labels]
     lut = np.full(int(np.prod(sizes)), -1, dtype=np.int64)
     for cell in np.flatnonzero(np.bincount(combined, minlength=lut.size)):

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from pram_lib.channels import gamma as g
 from pram_lib.channels.deconvolve import bootstrap_band
@@ -115,8 +115,11 @@ class NumericSketch:
 
     def __add__(self, o: "NumericSketch") -> "NumericSketch":
         keys, vals = _bottom_k(np.concatenate([self.keys, o.keys]), np.concatenate([self.values, o.values]), self.k)
-        order = np.argsort(keys, kind="stable")
-        return NumericSketch(self.k, self.n + o.n, self.missing + o.missing, keys[order], vals[order])
+        return NumericSketch(self.k, self.n + o.n, self.missing + o.missing, keys, vals)
+
+    def in_key_order(self) -> np.ndarray:
+        """The sampled values in the order of their keys (what the fold gives whatever the chunks' order)."""
+        return self.values[np.argsort(self.keys, kind="stable")]
 
 
 @dataclass
@@ -230,7 +233,7 @@ def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment]
         m2 = float(np.var(z, ddof=1))
         m4 = float(np.mean((z - z.mean()) ** 4))
         var_x = m2 - var_y
-        z975 = float(norm.ppf(0.5 + level / 2.0))   # the interval's quantile at `level` (1.96 at 0.95)
+        z975 = float(ndtri(0.5 + level / 2.0))   # the interval's quantile at `level` (1.96 at 0.95)
         se_mean = math.sqrt(m2 / n)
         se_var = math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
         summary.append({"variable": a.column, "scale": v.transform if v.transform != "none" else "identity",
@@ -407,14 +410,13 @@ class Noise(Family):
         present = ~np.isnan(x)
         keys = uniforms(seed, (i, 0, SKETCH), start, x.size)[present]
         keys, vals = _bottom_k(keys, x[present], spec.engine.sample_rows)
-        order = np.argsort(keys, kind="stable")   # key order, as a fold of chunks leaves it
-        return NumericSketch(spec.engine.sample_rows, len(x), int(x.size - present.sum()), keys[order], vals[order])
+        return NumericSketch(spec.engine.sample_rows, len(x), int(x.size - present.sum()), keys, vals)
 
     def finish_profile(self, spec, i, v, part: NumericSketch) -> NumericProfile:
         if part.missing == part.n:
             raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
                              "check the column, or drop the variable from the spec")
-        return NumericProfile(v.column, part.values, v.transform, part.missing)
+        return NumericProfile(v.column, part.in_key_order(), v.transform, part.missing)
 
     def choose(self, spec, i, v, profile, seed):
         return [Assignment(v.column, NO_STRATUM, (), choose_noise(spec, i, v, profile.numeric[v.column]),
@@ -441,7 +443,7 @@ class Noise(Family):
         curves, summary = estimate_distributions(sample, [a], plan.spec, level)
         row = summary.iloc[0].to_dict()
         n, mean, m2, m4 = central(stats.sums)
-        z = float(norm.ppf(0.5 + level / 2))
+        z = float(ndtri(0.5 + level / 2))
         se_mean, se_var = math.sqrt(m2 / n), math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
         var_x = m2 - a.channel.variance
         row.update(n=n, mean=mean, mean_se=se_mean, mean_lower=mean - z * se_mean, mean_upper=mean + z * se_mean,

@@ -16,12 +16,14 @@ import json
 import os
 import shutil
 import socket
+import threading
 from pathlib import Path
 
 from pram_lib.ops.audit import AuditLog, sha256_file, utc_now, write_atomic
 
 RUNS = "runs"
 FINAL_EVENTS = ("release-published", "release-failed", "release-interrupted")
+_MARKING = threading.Lock()
 _OPEN: set[str] = set()  # run ids whose journal this process opened and has not closed or handed over
 
 
@@ -71,11 +73,12 @@ class RunJournal:
 
     def mark(self, step: str, **fields) -> None:
         """Record the step the run is entering (and anything recovery will need, e.g. the staging folder)."""
-        self.data.update(step=step, **{k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
-        try:
-            self._write()
-        except OSError:
-            pass  # a full disk must not turn a running release into a crash; recovery then knows less
+        with _MARKING:   # steps may run side by side (estimate beside validate): one writer at a time
+            self.data.update(step=step, **{k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
+            try:
+                self._write()
+            except OSError:
+                pass  # a full disk must not turn a running release into a crash; recovery then knows less
 
     def close(self) -> list[str]:
         """The run ended (its audit entry is written): remove any staging folder it left, then the journal."""

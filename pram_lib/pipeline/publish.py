@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
 import re
 import shutil
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,22 +99,30 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
     }
 
 
+def draw_plots(stage: Stage, estimates: pd.DataFrame, curves: pd.DataFrame, values_for_plots: pd.DataFrame | None,
+               level: float = 0.95) -> list[str]:
+    """The report's plots in plots/: each categorical variable's estimate beside its released frequencies,
+    and each continuous variable's deconvolved curves beside its released values (the whole table or a
+    uniform sample of it). Returns their file names, relative to the release folder."""
+    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
+    plots = write_plots(stage, overall, level=level)
+    if not curves.empty:
+        plots += write_noise_plots(stage, curves, values_for_plots, level=level)
+    return plots
+
+
 def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assignment], estimates: pd.DataFrame,
                         distributions: tuple, validation: dict, n_rows: int, columns: list[str], started: str,
-                        values_for_plots: pd.DataFrame, processing: list[str] | None = None) -> tuple[str, pd.DataFrame]:
-    """Everything but the data: channels.json, estimates, plots, tables, validation summary, report.md.
-
-    Returns (report text, overall estimates). `values_for_plots`: released values of the continuous
-    variables (the whole table, or a uniform sample of it)."""
+                        plots: list[str], processing: list[str] | None = None) -> tuple[str, pd.DataFrame]:
+    """Everything but the data and the plots (`plots`: their files, drawn by draw_plots): channels.json,
+    estimates, tables, validation summary, report.md. Returns (report text, overall estimates)."""
     curves, summary, tables = distributions
     (stage.tmp / "channels.json").write_text(json.dumps(channels_document(spec, assignments), indent=2) + "\n")
     estimates.to_csv(stage.tmp / "estimates.csv", index=False)
     overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
-    plots = write_plots(stage, overall, level=spec.confidence)
     if not curves.empty:
         curves.to_csv(stage.tmp / "distributions.csv", index=False)
         summary.to_csv(stage.tmp / "numeric_summary.csv", index=False)
-        plots += write_noise_plots(stage, curves, values_for_plots, level=spec.confidence)
     if not tables.empty:
         tables.to_csv(stage.tmp / "tables.csv", index=False)
     public_validation = {"gx": validation["gx"],
@@ -129,9 +139,9 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
 
 def z_of(level: float) -> float:
     """The two-sided normal quantile of a confidence level (1.96 at 0.95)."""
-    from scipy.stats import norm
+    from scipy.special import ndtri  # scipy.stats.norm.ppf, without importing scipy.stats
 
-    return float(norm.ppf(0.5 + level / 2.0))
+    return float(ndtri(0.5 + level / 2.0))
 
 
 def aggregate_strata(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
@@ -169,29 +179,25 @@ def with_totals(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
 
 
 def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, level: float = 0.95) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     (stage.tmp / "plots").mkdir(exist_ok=True)
     files = []
     if overall.empty:
         return files
-    for var, g in overall.groupby("variable", sort=False):
-        g = g.sort_values("estimate", ascending=False).head(max_categories)
-        x = np.arange(len(g))
-        fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(g) + 2), 4))
-        ax.bar(x - 0.2, g["released_share"], width=0.4, label="released frequency (raw)", color="#bbbbbb")
-        err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
-        ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
-               label=f"estimated true distribution, {pct(level)} interval")
-        ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
-        ax.set_ylabel("share of records")
-        ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
-        ax.axhline(0, color="black", linewidth=0.5)
-        ax.legend(fontsize=8)
-        files.append(_save_plot(stage, fig, var))
+    with _gc_paused():
+        for var, g in overall.groupby("variable", sort=False):
+            g = g.sort_values("estimate", ascending=False).head(max_categories)
+            x = np.arange(len(g))
+            fig, (ax,) = _new_figure(max(6, 0.45 * len(g) + 2), 4)
+            ax.bar(x - 0.2, g["released_share"], width=0.4, label="released frequency (raw)", color="#bbbbbb")
+            err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
+            ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
+                   label=f"estimated true distribution, {pct(level)} interval")
+            ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
+            ax.set_ylabel("share of records")
+            ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
+            ax.axhline(0, color="black", linewidth=0.5)
+            ax.legend(fontsize=8)
+            files.append(_save_plot(stage, fig, var))
     return files
 
 
@@ -226,55 +232,206 @@ def _plot_label(var: str) -> str:
     return str(var).replace("$", r"\$")  # matplotlib would parse '$...$' as mathtext
 
 
-def _save_plot(stage: Stage, fig, var: str) -> str:
-    import matplotlib.pyplot as plt
+_PLOT_DPI = 100
 
-    fig.tight_layout()
+
+@contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off while plotting: matplotlib allocates many small objects, and each
+    collection they trigger scans every object of the (large) pipeline process."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _new_figure(width: float, height: float, ncols: int = 1):
+    """A figure on its own Agg canvas, and its row of axes; no pyplot, so no global figure manager."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_PLOT_DPI)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+@dataclass
+class _Overhang:
+    """Pixels an axes' decorations reach beyond its box. `left`, `right`: (anchor, pixels) pairs, the anchor
+    a fraction of the axes' width (0 = its left edge), so that they follow the axes when it narrows."""
+    left: list[tuple[float, float]]
+    right: list[tuple[float, float]]
+    below: float
+    above: float
+
+
+def _overhang(ax, renderer, title_room: float, measured: dict) -> _Overhang:
+    """Tick labels as the draw will show them (the draw reuses their cached text metrics), axis labels,
+    offset texts and title. A title wider than `title_room` pixels is set smaller to fit. `measured` keeps
+    each tick label's extent around its tick between calls."""
+    points = ax.get_figure().dpi / 72
+    box = ax.bbox
+    x0, x1 = ax.get_xlim()
+    left, right, below = [(0.0, 0.0)], [(1.0, 0.0)], 0.0     # the box itself
+    for loc, label in _drawn_tick_labels(ax.xaxis):
+        at = ax.transData.transform((loc, 0))[0]
+        key = (id(ax.xaxis), label.get_text())
+        if key not in measured:
+            bb = label.get_window_extent(renderer)
+            measured[key] = (at - bb.x0, bb.x1 - at, box.y0 - bb.y0)
+        to_left, to_right, down = measured[key]
+        anchor = (loc - x0) / (x1 - x0)
+        left.append((anchor, to_left))
+        right.append((anchor, to_right))
+        below = max(below, down)
+    below += max(_text_size(ax.xaxis.label, renderer, ax.xaxis.labelpad * points)[1],
+                 _text_size(ax.xaxis.offsetText, renderer, ax.xaxis.OFFSETTEXTPAD * points)[1])
+    beside = 0.0
+    for _, label in _drawn_tick_labels(ax.yaxis):
+        key = (id(ax.yaxis), label.get_text())
+        if key not in measured:
+            measured[key] = box.x0 - label.get_window_extent(renderer).x0
+        beside = max(beside, measured[key])
+    left.append((0.0, beside + _text_size(ax.yaxis.label, renderer, ax.yaxis.labelpad * points)[0]))
+    top = box.y1
+    offset = ax.yaxis.offsetText               # e.g. '1e-7' above the y axis, placed there as the draw places it
+    if offset.get_visible() and offset.get_text():
+        offset.set_position((offset.get_position()[0], box.y1 + ax.yaxis.OFFSETTEXTPAD * points))
+        top = offset.get_window_extent(renderer).y1
+    if ax.title.get_text():
+        title_width = ax.title.get_window_extent(renderer).width
+        if title_width > title_room:
+            ax.title.set_fontsize(ax.title.get_fontsize() * title_room / title_width)
+        tb = ax.title.get_window_extent(renderer)
+        if top > box.y1 and tb.overlaps(offset.get_window_extent(renderer)):
+            top = max(top + tb.height, tb.y1)  # the draw lifts the title onto the offset text
+        else:
+            top = max(top, tb.y1)
+        left.append((0.5, tb.width / 2))
+        right.append((0.5, tb.width / 2))
+    return _Overhang(left, right, below, top - box.y1)
+
+
+def _drawn_tick_labels(axis) -> list:
+    """(location, label) of the major ticks in view, their labels (and the offset text) set and placed as the
+    draw sets them."""
+    locs = axis.get_majorticklocs()
+    formatter = axis.get_major_formatter()
+    texts = formatter.format_ticks(locs)
+    axis.offsetText.set_text(formatter.get_offset())
+    lo, hi = sorted(axis.get_view_interval())
+    slack = 1e-10 * (hi - lo)
+    drawn = []
+    for loc, text, tick in zip(locs, texts, axis.get_major_ticks(len(locs))):
+        if lo - slack <= loc <= hi + slack and tick.label1.get_visible():
+            tick.update_position(loc)
+            tick.label1.set_text(text)
+            drawn.append((loc, tick.label1))
+    return drawn
+
+
+def _text_size(text, renderer, pad: float = 0.0) -> tuple[float, float]:
+    """Width and height in pixels of a text plus `pad`; nothing for an empty or hidden one."""
+    if not text.get_visible() or not text.get_text():
+        return 0.0, 0.0
+    bb = text.get_window_extent(renderer)
+    return bb.width + pad, bb.height + pad
+
+
+def _fit_layout(fig) -> None:
+    """Margins and gaps (tight_layout's padding: 1.08 font sizes) that keep the tick labels, axis labels and
+    titles of a row of axes inside the canvas and apart.
+
+    Stands in for tight_layout, which lays out every artist and leaves a layout engine that makes savefig
+    draw twice; here only the decorations are measured and each bound is solved for in pixels. Measured
+    again after each change, since the ticks an axis gets depend on its length."""
+    import matplotlib
+
+    renderer = fig.canvas.get_renderer()
+    pad = 1.08 * matplotlib.rcParams["font.size"] * fig.dpi / 72
+    applied, measured = None, {}
+    for _ in range(3):
+        left, right, bottom, top, gap = _margins(fig, renderer, pad, measured)
+        if applied is not None and np.allclose(applied, (left, right, bottom, top, gap), atol=0.5):
+            return
+        width, height, n = fig.bbox.width, fig.bbox.height, len(fig.axes)
+        axes_width = (width - left - right - (n - 1) * gap) / n
+        fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
+                            top=1 - top / height, wspace=gap / axes_width if n > 1 else None)
+        applied = (left, right, bottom, top, gap)
+
+
+def _margins(fig, renderer, pad: float, measured: dict) -> tuple[float, float, float, float, float]:
+    """(left, right, bottom, top, gap between axes) in pixels for the row of axes as it is now."""
+    n = len(fig.axes)
+    width, height = fig.bbox.width, fig.bbox.height
+    over = [_overhang(ax, renderer, width / n - 2 * pad, measured) for ax in fig.axes]
+    bottom = min(max(o.below for o in over) + pad, 0.6 * height)
+    top = min(max(o.above for o in over) + pad, 0.3 * height)
+    left = right = gap = pad
+    for _ in range(6):                    # each bound is exact given the other two; they barely interact
+        for f, e in over[0].left:         # left + f * axes width - e >= pad
+            left = max(left, (pad + e - f * (width - right - (n - 1) * gap) / n) / max(1 - f / n, 1e-3))
+        for f, e in over[-1].right:       # right + (1 - f) * axes width - e >= pad
+            g = 1 - f
+            right = max(right, (pad + e - g * (width - left - (n - 1) * gap) / n) / max(1 - g / n, 1e-3))
+        for a, b in zip(over, over[1:]):  # gap + (1 - fa + fb) * axes width - ea - eb >= pad
+            for fa, ea in a.right:
+                for fb, eb in b.left:
+                    c = 1 - fa + fb
+                    if 1 - c * (n - 1) / n > 0.1:
+                        gap = max(gap, (pad + ea + eb - c * (width - left - right) / n) / (1 - c * (n - 1) / n))
+        left, right = min(left, 0.4 * width), min(right, 0.4 * width)
+        gap = min(gap, 0.5 * (width - left - right) / max(n - 1, 1))    # the axes keep half the width left
+    return left, right, bottom, top, gap
+
+
+def _save_plot(stage: Stage, fig, var: str) -> str:
+    _fit_layout(fig)
     name = f"plots/{file_stem(var)}.png"
     if staged_path(stage, name).exists():  # a plain name equal to another's hashed stem, or a case-only clash
         name = f"plots/{_hashed_stem(var)}.png"
     path = staged_path(stage, name)
     if path.exists():
         raise ValueError(f"two variables would write the same plot file {name!r}")
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    fig.savefig(path, dpi=_PLOT_DPI, metadata={"Software": None})
     return name
 
 
 def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame, level: float = 0.95) -> list[str]:
     """Per continuous variable: Ĝ with its bootstrap bands beside the released ECDF, and ĝ with its band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     (stage.tmp / "plots").mkdir(exist_ok=True)
     files = []
-    for var, g in curves.groupby("variable", sort=False):
-        x = g["x"].to_numpy()
-        scale = g["scale"].iloc[0]
-        label = _plot_label(var) if scale == "identity" else f"{scale}({_plot_label(var)})"
-        z = released[var].to_numpy(dtype=float)
-        z = np.sort(z[~np.isnan(z)])
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-        a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea", label=f"{pct(level)} simultaneous band")
-        a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label=f"{pct(level)} pointwise band")
-        a1.plot(x, g["cdf"], color="#1f4e8c", label="estimated true CDF (deconvolution)")
-        a1.plot(z, np.arange(1, z.size + 1) / z.size, color="#999999", lw=1, label="released values (ECDF)")
-        a1.set_xlim(x.min(), x.max())
-        a1.set_ylim(-0.02, 1.02)
-        a1.set_xlabel(label)
-        a1.set_title(f"{_plot_label(var)}: distribution function")
-        a1.legend(fontsize=7, loc="lower right")
-        a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
-                label="released values (histogram)")
-        a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6",
-                        label=f"{pct(level)} pointwise band")
-        a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
-        a2.set_xlabel(label)
-        a2.set_title(f"{_plot_label(var)}: density")
-        a2.legend(fontsize=7)
-        files.append(_save_plot(stage, fig, var))
+    with _gc_paused():
+        for var, g in curves.groupby("variable", sort=False):
+            x = g["x"].to_numpy()
+            scale = g["scale"].iloc[0]
+            label = _plot_label(var) if scale == "identity" else f"{scale}({_plot_label(var)})"
+            z = released[var].to_numpy(dtype=float)
+            z = np.sort(z[~np.isnan(z)])
+            fig, (a1, a2) = _new_figure(11, 4, ncols=2)
+            a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea",
+                            label=f"{pct(level)} simultaneous band")
+            a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label=f"{pct(level)} pointwise band")
+            a1.plot(x, g["cdf"], color="#1f4e8c", label="estimated true CDF (deconvolution)")
+            a1.plot(z, np.arange(1, z.size + 1) / z.size, color="#999999", lw=1, label="released values (ECDF)")
+            a1.set_xlim(x.min(), x.max())
+            a1.set_ylim(-0.02, 1.02)
+            a1.set_xlabel(label)
+            a1.set_title(f"{_plot_label(var)}: distribution function")
+            a1.legend(fontsize=7, loc="lower right")
+            a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
+                    label="released values (histogram)")
+            a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6",
+                            label=f"{pct(level)} pointwise band")
+            a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
+            a2.set_xlabel(label)
+            a2.set_title(f"{_plot_label(var)}: density")
+            a2.legend(fontsize=7)
+            files.append(_save_plot(stage, fig, var))
     return files
 
 

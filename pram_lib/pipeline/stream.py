@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from pram_lib.core.counting import combination_counts
 from pram_lib.core.model import Assignment, Profile
 from pram_lib.core.randomness import uniforms
 from pram_lib.families import family_of
@@ -207,14 +208,11 @@ class KeyCells:
 
     @classmethod
     def of(cls, df: pd.DataFrame, keys: list[str]) -> "KeyCells":
-        combined = np.zeros(len(df), dtype=np.int64)
-        for c in keys:   # one code per combination, kept below len(df) after every column (no overflow)
-            codes, uniques = pd.factorize(df[c], use_na_sentinel=False)
-            combined = pd.factorize(combined * len(uniques) + codes)[0]
-            if combined.size and combined.max() >= RISK_MAX_CELLS:
-                return cls(keys, None, True)
-        _, first, counts = np.unique(combined, return_index=True, return_counts=True)
-        table = pd.DataFrame({c: df[c].iloc[first].astype("object").to_numpy() for c in keys})
+        found = combination_counts(df, keys, RISK_MAX_CELLS)
+        if found is None:
+            return cls(keys, None, True)
+        values, counts = found
+        table = pd.DataFrame(dict(zip(keys, values)))
         table["n"] = counts
         return cls(keys, table)
 
@@ -256,8 +254,32 @@ def _fold_cells(a: "KeyCells | None", b: "KeyCells | None") -> "KeyCells | None"
     return b if a is None else a if b is None else a + b
 
 
-def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int) -> Sketch:
-    """Pass 1 on one chunk."""
+def prefetched(chunks: Iterator[tuple[ChunkRef, pd.DataFrame]]) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
+    """The chunks of `chunks`, the next one read in a background thread while the caller works on this one
+    (reading Parquet or CSV mostly runs outside the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="pram-read") as reader:
+        ahead = reader.submit(next, chunks, None)
+        while (item := ahead.result()) is not None:
+            ahead = reader.submit(next, chunks, None)
+            yield item
+
+
+def _cells_overflowed(acc: "Sketch | ChunkResult | None") -> bool:
+    """Whether the folded key combinations are already past RISK_MAX_CELLS (then no later chunk counts them)."""
+    return acc is not None and acc.key_cells is not None and acc.key_cells.overflow
+
+
+def _key_cells(spec: ReleaseSpec, df: pd.DataFrame, count: bool) -> "KeyCells | None":
+    keys = [c for c in risk_keys(spec) if c in df.columns]
+    if not keys:
+        return None
+    return KeyCells.of(df, keys) if count else KeyCells(keys, None, True)
+
+
+def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int, count_cells: bool = True) -> Sketch:
+    """Pass 1 on one chunk. `count_cells` False: the key combinations have overflowed in the fold already."""
     sk = Sketch(rows=len(df))
     for i, v in enumerate(spec.variables):
         sk.parts[v.key] = family_of(v).profile_chunk(spec, i, v, df, ref.start, seed)
@@ -267,29 +289,29 @@ def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int)
         if pd.api.types.is_numeric_dtype(s) and s.notna().any():
             info.update(min=float(s.min()), max=float(s.max()))
         sk.passthrough[c] = info
-    keys = risk_keys(spec)
-    sk.key_cells = KeyCells.of(df, keys) if keys else None
+    sk.key_cells = _key_cells(spec, df, count_cells)
     return sk
+
+
+def _profile_chunks(spec: ReleaseSpec, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], seed: int,
+                    on_chunk=None) -> Sketch | None:
+    sketch = None
+    for done, (ref, df) in enumerate(prefetched(chunks), 1):
+        part = profile_chunk(spec, df, ref, seed, not _cells_overflowed(sketch))
+        sketch = part if sketch is None else merge_sketches(sketch, part)
+        if on_chunk is not None:
+            on_chunk(len(df), done)
+    return sketch
 
 
 def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
     """Pass 1 on a run of chunks, one after the other (what a worker does with its share)."""
-    out = None
-    for ref, chunk in chunks:
-        sk = profile_chunk(spec, load(spec, chunk), ref, seed)
-        out = sk if out is None else merge_sketches(out, sk)
-    return out
+    return _profile_chunks(spec, ((ref, load(spec, chunk)) for ref, chunk in chunks), seed)
 
 
 def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
     """Pass 1 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
-    sketch = None
-    for done, (ref, df) in enumerate(iter_chunks(spec), 1):
-        part = profile_chunk(spec, df, ref, seed)
-        sketch = part if sketch is None else merge_sketches(sketch, part)
-        if on_chunk is not None:
-            on_chunk(len(df), done)
-    return sketch if sketch is not None else Sketch()
+    return _profile_chunks(spec, iter_chunks(spec), seed, on_chunk) or Sketch()
 
 
 def merge_sketches(a: Sketch, b: Sketch, sample_rows: int | None = None) -> Sketch:
@@ -390,8 +412,10 @@ class ChunkResult:
     files: list[str] = field(default_factory=list)
 
 
-def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef) -> ChunkResult:
-    """Pass 2 on one chunk: perturb, write the chunk's parts, return statistics and the sampled rows."""
+def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool = True,
+                  write=None) -> ChunkResult:
+    """Pass 2 on one chunk: perturb, write the chunk's parts, return statistics and the sampled rows.
+    `write(frame, chunk, files)`, if given, writes the parts instead (in the background: perturb_pass)."""
     spec = plan.spec
     res = ChunkResult([ref.index], len(df))
     released: dict[str, object] = {}
@@ -407,47 +431,67 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef) -> ChunkResult:
         res.missing[c] = int(s.isna().sum())
     frame = pd.DataFrame(released, index=pd.RangeIndex(len(df)))
     if plan.out_dir is not None:
-        res.files = write_part(frame, Path(plan.out_dir), None if plan.engine == "memory" else ref.index, spec.csv)
+        chunk = None if plan.engine == "memory" else ref.index
+        res.files = part_files(chunk, spec.csv)
+        (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files)
     keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
     res.sample_at = ref.start + np.flatnonzero(keep)
-    keys = [c for c in risk_keys(spec) if c in frame.columns]
-    res.key_cells = KeyCells.of(frame, keys) if keys else None
+    res.key_cells = _key_cells(spec, frame, count_cells)
     return res
+
+
+def _perturb_chunks(plan: Plan, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], on_chunk=None) -> ChunkResult | None:
+    """Chunk after chunk, the next one read and the last one written in background threads (at most one
+    part is being written: memory stays bounded by a few chunks)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    totals, writing = None, None
+    with ThreadPoolExecutor(1, thread_name_prefix="pram-write") as writer:
+        def write(frame, out_dir, chunk, files):
+            nonlocal writing
+            if writing is not None:
+                writing.result()
+            writing = writer.submit(_write_now, frame, out_dir, chunk, files)
+
+        for ref, df in prefetched(chunks):
+            part = perturb_chunk(plan, df, ref, not _cells_overflowed(totals), write)
+            totals = part if totals is None else merge_results([totals, part])
+            if on_chunk is not None:
+                on_chunk(len(df), len(totals.chunks))
+        if writing is not None:
+            writing.result()
+    return totals
 
 
 def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]]) -> ChunkResult:
     """Pass 2 on a run of chunks, one after the other (what a worker does with its share)."""
-    return merge_results([perturb_chunk(plan, load(plan.spec, chunk), ref) for ref, chunk in chunks])
+    return _perturb_chunks(plan, ((ref, load(plan.spec, chunk)) for ref, chunk in chunks))
 
 
 def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
     """Pass 2 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
-    totals = None
-    for ref, df in iter_chunks(plan.spec):
-        part = perturb_chunk(plan, df, ref)
-        totals = part if totals is None else merge_results([totals, part])
-        if on_chunk is not None:
-            on_chunk(len(df), len(totals.chunks))
-    return totals
+    return _perturb_chunks(plan, iter_chunks(plan.spec), on_chunk)
 
 
-def write_part(frame: pd.DataFrame, out_dir: Path, chunk: int | None, csv: bool) -> list[str]:
-    """One chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv); the whole table of an
+def part_files(chunk: int | None, csv: bool) -> list[str]:
+    """The files of one chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv); of an
     in-memory release (`chunk` None): data.parquet (and data.csv)."""
+    if chunk is None:
+        return ["data.parquet", "data.csv"] if csv else ["data.parquet"]
+    return [f"{DATA_DIR}/{PART.format(chunk)}.parquet"] + ([f"{CSV_DIR}/{PART.format(chunk)}.csv"] if csv else [])
+
+
+def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    name = "data.parquet" if chunk is None else f"{DATA_DIR}/{PART.format(chunk)}.parquet"
-    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
-    files = [name]
-    if csv:
-        cname = "data.csv" if chunk is None else f"{CSV_DIR}/{PART.format(chunk)}.csv"
-        (out_dir / cname).parent.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(out_dir / cname, index=False)
-        files.append(cname)
-    return files
+    for name in files:
+        (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".parquet"):
+            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
+        else:
+            frame.to_csv(out_dir / name, index=False)
 
 
 def merge_results(parts: list[ChunkResult]) -> ChunkResult:
@@ -543,18 +587,43 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     return cols
 
 
-def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
-                    out_dir: Path | None) -> dict:
-    """The gate: GX on the uniform row sample (every row when small); exact checks (rows, missing values,
-    ranges, source unchanged between the passes) and each family's tests on counts over every row, with
-    Holm's step-down procedure over the tests (``validation.level`` is the release's family-wise error rate)."""
-    from pram_lib.core.validate import gate_message, holm, validate_table
+def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult, out_dir: Path | None):
+    """The gate's Great Expectations suite on the row sample, started in the sidecar process (a Future; it runs
+    while this process estimates). Results and Data Docs go to `out_dir`."""
+    from pram_lib.core.validate import validate_table
+    from pram_lib.pipeline import sidecar
 
     declared = declared_columns(spec, profile, list(plan.assignments))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
-    gx = validate_table(sample, declared, len(sample), out_dir)
+    return sidecar.submit(validate_table, sample, declared, len(sample), out_dir)
+
+
+def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
+                    out_dir: Path | None, gx_job=None) -> dict:
+    """The gate: GX on the uniform row sample (every row when small; `gx_job` from start_gx, or started
+    here); exact checks (rows, missing values, ranges, source unchanged between the passes) and each
+    family's tests on counts over every row, with Holm's step-down procedure over the tests
+    (``validation.level`` is the release's family-wise error rate)."""
+    from pram_lib.core.validate import gate_message, holm
+
+    gx_job = gx_job or start_gx(spec, profile, plan, totals, out_dir)
+    declared = declared_columns(spec, profile, list(plan.assignments))
+    sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
+    tests, checks = _gate_checks(spec, profile, plan, totals, declared)
+    gx = gx_job.result()
     gx["scope"] = (f"every one of the {totals.rows:,} released rows" if len(sample) == totals.rows else
                    f"uniform sample of {len(sample):,} of {totals.rows:,} released rows")
+    holm(tests, spec.validation.level)
+    stats = tests + checks
+    passed = bool(gx["success"]) and all(s["passed"] for s in stats)
+    failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
+        if not gx["success"] else []
+    message = "" if passed else gate_message([*(s for s in stats if not s["passed"])] + failed)
+    return {"passed": passed, "gx": gx, "statistical": stats, "message": message}
+
+
+def _gate_checks(spec, profile, plan, totals, declared) -> tuple[list[dict], list[dict]]:
+    """Each family's statistical tests, and the exact checks over every row."""
     checks = [exact("row count", totals.rows == profile.n_rows,
                     f"{totals.rows:,} rows released, {profile.n_rows:,} in the source")]
     missing, extremes = dict(totals.missing), {}
@@ -576,13 +645,7 @@ def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: Chu
                                                 spec.validation.level)
         stats += tests
         checks += exact_checks
-    holm(stats, spec.validation.level)
-    stats += checks
-    passed = bool(gx["success"]) and all(s["passed"] for s in stats)
-    failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
-        if not gx["success"] else []
-    message = "" if passed else gate_message([*(s for s in stats if not s["passed"])] + failed)
-    return {"passed": passed, "gx": gx, "statistical": stats, "message": message}
+    return stats, checks
 
 
 # -- an existing Dask scheduler ------------------------------------------------------------------------

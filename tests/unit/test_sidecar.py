@@ -1,0 +1,67 @@
+"""The sidecar process: results and errors come back as if the call ran here; a dead sidecar is a clear error."""
+
+import math
+import os
+
+import pytest
+
+from pram_lib.pipeline import sidecar
+
+
+@pytest.fixture
+def started():
+    sidecar.start()
+    yield
+    sidecar.stop()
+
+
+def test_a_call_runs_in_another_process_and_returns_its_value(started):
+    assert sidecar.running()
+    assert sidecar.submit(os.getpid).result() != os.getpid()
+    assert sidecar.submit(math.comb, 10, 3).result() == 120
+
+
+def test_an_error_in_the_sidecar_is_raised_in_the_caller(started):
+    with pytest.raises(ValueError, match="math domain error"):
+        sidecar.submit(math.sqrt, -1.0).result()
+    assert sidecar.submit(math.sqrt, 16.0).result() == 4.0   # and the sidecar keeps serving
+
+
+def test_a_dead_sidecar_fails_with_a_message_not_a_hang(started):
+    sidecar._process.kill()
+    sidecar._process.wait()
+    with pytest.raises(sidecar.SidecarDied, match="PRAM_NO_SIDECAR=1"):
+        sidecar._caller.submit(sidecar._call, sidecar._process, b"x").result(timeout=30)
+
+
+def test_without_a_sidecar_the_call_runs_here():
+    sidecar.stop()
+    assert not sidecar.running()
+    assert sidecar.submit(os.getpid).result() == os.getpid()
+    with pytest.raises(ValueError):
+        sidecar.submit(math.sqrt, -1.0).result()
+
+
+def test_the_sidecar_dies_with_the_process_that_started_it(tmp_path):
+    """A SIGKILLed release must not leave its sidecar writing into a staging folder."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys; from pram_lib.pipeline import sidecar; sidecar.start(); "
+              "print(sidecar._process.pid, flush=True); import time; time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)   # alive
+    time.sleep(0.5)     # past its start (a parent gone before then is caught there), into the GX import
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(20):   # within 1 s: it is still importing GX (seconds), so only its death signal ends it
+        try:
+            if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return    # dead, not yet reaped (this machine's init may not reap orphans)
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"sidecar {child} outlived its killed parent")
