@@ -16,6 +16,8 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -266,6 +268,35 @@ def prefetched(chunks: Iterator[tuple[ChunkRef, pd.DataFrame]]) -> Iterator[tupl
             yield item
 
 
+MAX_CHUNK_THREADS = 2   # chunks worked on at once in one process (numpy, pyarrow and the C kernel free the GIL)
+
+
+def chunk_threads() -> int:
+    """How many chunks one process works on at once: the cores it may run on, at most MAX_CHUNK_THREADS."""
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_CHUNK_THREADS))
+    except AttributeError:   # no affinity call on this platform
+        return 1
+
+
+def _each_chunk(work, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], threads: int):
+    """(ref, rows, work(ref, df)) for every chunk, in chunk order, `threads` chunks worked on at once; the next
+    chunk is read meanwhile. Memory holds about threads + 1 chunks."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="pram-chunk") as pool:
+        pending = deque()
+        for ref, df in prefetched(chunks):
+            pending.append((ref, len(df), pool.submit(work, ref, df)))
+            if len(pending) >= threads:
+                ref0, rows, job = pending.popleft()
+                yield ref0, rows, job.result()
+        while pending:
+            ref0, rows, job = pending.popleft()
+            yield ref0, rows, job.result()
+
+
 def _cells_overflowed(acc: "Sketch | ChunkResult | None") -> bool:
     """Whether the folded key combinations are already past RISK_MAX_CELLS (then no later chunk counts them)."""
     return acc is not None and acc.key_cells is not None and acc.key_cells.overflow
@@ -296,11 +327,14 @@ def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int,
 def _profile_chunks(spec: ReleaseSpec, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], seed: int,
                     on_chunk=None) -> Sketch | None:
     sketch = None
-    for done, (ref, df) in enumerate(prefetched(chunks), 1):
-        part = profile_chunk(spec, df, ref, seed, not _cells_overflowed(sketch))
+
+    def work(ref, df):
+        return profile_chunk(spec, df, ref, seed, not _cells_overflowed(sketch))
+
+    for done, (_, rows, part) in enumerate(_each_chunk(work, chunks, chunk_threads()), 1):
         sketch = part if sketch is None else merge_sketches(sketch, part)
         if on_chunk is not None:
-            on_chunk(len(df), done)
+            on_chunk(rows, done)
     return sketch
 
 
@@ -441,26 +475,40 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     return res
 
 
+class _PartWriter:
+    """Writes parts in a background thread, one at a time: a chunk waits for the part before it (memory
+    stays bounded by a few chunks)."""
+
+    def __init__(self, pool):
+        self.pool, self.last, self.lock = pool, None, threading.Lock()
+
+    def __call__(self, frame, out_dir, chunk, files) -> None:
+        with self.lock:
+            self.wait()
+            self.last = self.pool.submit(_write_now, frame, out_dir, chunk, files)
+
+    def wait(self) -> None:
+        if self.last is not None:
+            self.last.result()
+
+
 def _perturb_chunks(plan: Plan, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], on_chunk=None) -> ChunkResult | None:
-    """Chunk after chunk, the next one read and the last one written in background threads (at most one
-    part is being written: memory stays bounded by a few chunks)."""
+    """Chunks worked on a few at a time (chunk_threads), the next one read and the last one written in
+    background threads; the results folded in chunk order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    totals, writing = None, None
-    with ThreadPoolExecutor(1, thread_name_prefix="pram-write") as writer:
-        def write(frame, out_dir, chunk, files):
-            nonlocal writing
-            if writing is not None:
-                writing.result()
-            writing = writer.submit(_write_now, frame, out_dir, chunk, files)
+    totals = None
+    with ThreadPoolExecutor(1, thread_name_prefix="pram-write") as pool:
+        write = _PartWriter(pool)
 
-        for ref, df in prefetched(chunks):
-            part = perturb_chunk(plan, df, ref, not _cells_overflowed(totals), write)
+        def work(ref, df):
+            return perturb_chunk(plan, df, ref, not _cells_overflowed(totals), write)
+
+        for _, rows, part in _each_chunk(work, chunks, chunk_threads()):
             totals = part if totals is None else merge_results([totals, part])
             if on_chunk is not None:
-                on_chunk(len(df), len(totals.chunks))
-        if writing is not None:
-            writing.result()
+                on_chunk(rows, len(totals.chunks))
+        write.wait()
     return totals
 
 
