@@ -38,6 +38,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.bench_optimal_pram --scaling-only
 	$(BIN)/python -m benchmarks.bench_perturb
 	$(BIN)/python -m benchmarks.bench_release
+	$(BIN)/python -m benchmarks.bench_fixed_cost
 	$(BIN)/python -m benchmarks.bench_estimate
 	$(BIN)/python -m benchmarks.results_md
 

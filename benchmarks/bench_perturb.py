@@ -40,10 +40,10 @@ import numpy as np
 from scipy import stats
 
 from benchmarks.results_io import measured_note, median_time, sig, write_section
-from pram_lib.core import fastpath
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.gamma import fixed_gamma_noise
 from pram_lib.channels.rr import uniform_rr
+from pram_lib.core import fastpath
 from pram_lib.core.perturb import CHUNK, sample_dense, sample_keep_uniform
 
 N = 10**7  # values per timed call of our kernels

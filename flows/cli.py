@@ -91,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pram_lib.pipeline import sidecar
 
     sidecar.start()   # it imports Great Expectations while this process imports Prefect
-    from flows.release import run_release
+    from flows.release import run_release, warm_prefect
+    warm_prefect()
     from pram_lib.spec import SpecError
     from tasks.privacy import StepFailed, full_message
 

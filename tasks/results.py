@@ -47,7 +47,7 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
     curves, summary = stream.continuous_totals(plan, totals, level)
     values = totals.sample[list(curves["variable"].unique())] if not curves.empty else None
-    plots = sidecar.submit(publish.draw_plots, stage, estimates, curves, values, level)
+    plots = sidecar.PLOTS.submit(publish.draw_plots, stage, estimates, curves, values, level)
     return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level)), SidecarJobs(gx, plots)
 
 

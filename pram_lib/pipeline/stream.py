@@ -643,7 +643,7 @@ def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResul
 
     declared = declared_columns(spec, profile, list(plan.assignments))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
-    return sidecar.submit(validate_table, sample, declared, len(sample), out_dir)
+    return sidecar.GX.submit(validate_table, sample, declared, len(sample), out_dir)
 
 
 def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,

@@ -1,7 +1,12 @@
-"""The sidecar process: results and errors come back as if the call ran here; a dead sidecar is a clear error."""
+"""The sidecar processes: results and errors come back as if the call ran here; a dead sidecar is a clear error;
+a sidecar dies with the process that started it."""
 
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -9,48 +14,51 @@ from pram_lib.pipeline import sidecar
 
 
 @pytest.fixture
-def started():
-    sidecar.start()
-    yield
-    sidecar.stop()
+def side():
+    one = sidecar.Sidecar("test", ())
+    one.start()
+    yield one
+    one.stop()
 
 
-def test_a_call_runs_in_another_process_and_returns_its_value(started):
-    assert sidecar.running()
-    assert sidecar.submit(os.getpid).result() != os.getpid()
-    assert sidecar.submit(math.comb, 10, 3).result() == 120
+def test_a_call_runs_in_another_process_and_returns_its_value(side):
+    assert side.running()
+    assert side.submit(os.getpid).result() != os.getpid()
+    assert side.submit(math.comb, 10, 3).result() == 120
 
 
-def test_an_error_in_the_sidecar_is_raised_in_the_caller(started):
+def test_an_error_in_the_sidecar_is_raised_in_the_caller(side):
     with pytest.raises(ValueError, match="math domain error"):
-        sidecar.submit(math.sqrt, -1.0).result()
-    assert sidecar.submit(math.sqrt, 16.0).result() == 4.0   # and the sidecar keeps serving
+        side.submit(math.sqrt, -1.0).result()
+    assert side.submit(math.sqrt, 16.0).result() == 4.0   # and the sidecar keeps serving
 
 
-def test_a_dead_sidecar_fails_with_a_message_not_a_hang(started):
-    sidecar._process.kill()
-    sidecar._process.wait()
+def test_a_dead_sidecar_fails_with_a_message_not_a_hang(side):
+    process = side._process
+    process.kill()
+    process.wait()
     with pytest.raises(sidecar.SidecarDied, match="PRAM_NO_SIDECAR=1"):
-        sidecar._caller.submit(sidecar._call, sidecar._process, b"x").result(timeout=30)
+        side._caller.submit(sidecar._call, process, b"x").result(timeout=30)
 
 
 def test_without_a_sidecar_the_call_runs_here():
-    sidecar.stop()
-    assert not sidecar.running()
-    assert sidecar.submit(os.getpid).result() == os.getpid()
+    idle = sidecar.Sidecar("idle", ())
+    assert not idle.running()
+    assert idle.submit(os.getpid).result() == os.getpid()
     with pytest.raises(ValueError):
-        sidecar.submit(math.sqrt, -1.0).result()
+        idle.submit(math.sqrt, -1.0).result()
 
 
-def test_the_sidecar_dies_with_the_process_that_started_it(tmp_path):
+def test_settle_waits_for_every_job(side):
+    jobs = [side.submit(time.sleep, 0.2) for _ in range(3)]
+    side.settle()
+    assert all(j.done() for j in jobs)
+
+
+def test_the_sidecar_dies_with_the_process_that_started_it():
     """A SIGKILLed release must not leave its sidecar writing into a staging folder."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    script = ("import sys; from pram_lib.pipeline import sidecar; sidecar.start(); "
-              "print(sidecar._process.pid, flush=True); import time; time.sleep(60)")
+    script = ("from pram_lib.pipeline import sidecar; sidecar.GX.start(); "
+              "print(sidecar.GX._process.pid, flush=True); import time; time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     os.kill(child, 0)   # alive
@@ -65,3 +73,8 @@ def test_the_sidecar_dies_with_the_process_that_started_it(tmp_path):
             return
         time.sleep(0.05)
     pytest.fail(f"sidecar {child} outlived its killed parent")
+
+
+def test_a_call_that_cannot_be_pickled_runs_here(side):
+    here = os.getpid()
+    assert side.submit(lambda: os.getpid()).result() == here
