@@ -87,7 +87,7 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
     columns = list(totals.sample.columns) if totals.sample is not None else []
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
                                                   totals.rows, columns, started, jobs.plots.result(), processing)
-    folder = publish.finish_release(stage)
+    folder = publish.finish_release(stage, totals.sealed)
     _publish_artifacts(spec, assignments, report, overall, folder)
     return folder
 

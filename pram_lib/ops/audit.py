@@ -276,12 +276,26 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_manifest(folder: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> dict:
-    files = {}
+def seal_file(path: Path) -> dict:
+    """Flush a file just written to disk and return its manifest entry ({sha256, bytes})."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+        os.fsync(f.fileno())
+    return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
+
+
+def build_manifest(folder: Path, exclude: tuple[str, ...] = ("manifest.json",), sealed: dict | None = None) -> dict:
+    """{algorithm, files: {relative name: {sha256, bytes}}}; entries in `sealed` (from seal_file when the file
+    was written) are taken as they are when the file still has their size."""
+    files, sealed = {}, sealed or {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
         if p.is_file() and rel not in exclude:
-            files[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            known = sealed.get(rel)
+            size = p.stat().st_size
+            files[rel] = dict(known) if known and known["bytes"] == size else {"sha256": sha256_file(p), "bytes": size}
     return {"algorithm": "sha256", "files": files}
 
 

@@ -53,12 +53,14 @@ def begin_release(spec: ReleaseSpec, run_time: datetime | None = None, owner: st
     return Stage(tmp, final)
 
 
-def finish_release(stage: Stage) -> Path:
-    """Write the manifest, flush everything, and rename the folder into place (atomic on one filesystem)."""
-    manifest = build_manifest(stage.tmp)
+def finish_release(stage: Stage, sealed: dict | None = None) -> Path:
+    """Write the manifest, flush everything, and rename the folder into place (atomic on one filesystem).
+    `sealed`: the data parts' manifest entries, taken (and the parts flushed) as they were written."""
+    sealed = sealed or {}
+    manifest = build_manifest(stage.tmp, sealed=sealed)
     (stage.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     for p in stage.tmp.rglob("*"):
-        if p.is_file():
+        if p.is_file() and p.relative_to(stage.tmp).as_posix() not in sealed:
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
     if stage.final.exists():

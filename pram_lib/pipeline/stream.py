@@ -32,7 +32,7 @@ from pram_lib.families import family_of
 from pram_lib.families.base import exact
 from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
-from pram_lib.ops.audit import sha256_file
+from pram_lib.ops.audit import seal_file, sha256_file
 from pram_lib.pipeline.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
 from pram_lib.spec import ReleaseSpec
 
@@ -325,13 +325,13 @@ def profile_chunk(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int,
 
 
 def _profile_chunks(spec: ReleaseSpec, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], seed: int,
-                    on_chunk=None) -> Sketch | None:
+                    on_chunk=None, threads: int | None = None) -> Sketch | None:
     sketch = None
 
     def work(ref, df):
         return profile_chunk(spec, df, ref, seed, not _cells_overflowed(sketch))
 
-    for done, (_, rows, part) in enumerate(_each_chunk(work, chunks, chunk_threads()), 1):
+    for done, (_, rows, part) in enumerate(_each_chunk(work, chunks, threads or chunk_threads()), 1):
         sketch = part if sketch is None else merge_sketches(sketch, part)
         if on_chunk is not None:
             on_chunk(rows, done)
@@ -339,8 +339,8 @@ def _profile_chunks(spec: ReleaseSpec, chunks: Iterator[tuple[ChunkRef, pd.DataF
 
 
 def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
-    """Pass 1 on a run of chunks, one after the other (what a worker does with its share)."""
-    return _profile_chunks(spec, ((ref, load(spec, chunk)) for ref, chunk in chunks), seed)
+    """Pass 1 on a run of chunks, one after the other (what a Dask worker does with its share)."""
+    return _profile_chunks(spec, ((ref, load(spec, chunk)) for ref, chunk in chunks), seed, threads=1)
 
 
 def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
@@ -444,6 +444,7 @@ class ChunkResult:
     sample_at: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # their source rows
     key_cells: KeyCells | None = None             # released key combinations (the risk measures)
     files: list[str] = field(default_factory=list)
+    sealed: dict[str, dict] = field(default_factory=dict)   # file -> manifest entry, made as it was written
 
 
 def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool = True,
@@ -467,7 +468,7 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     if plan.out_dir is not None:
         chunk = None if plan.engine == "memory" else ref.index
         res.files = part_files(chunk, spec.csv)
-        (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files)
+        res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files) or {}
     keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
     res.sample_at = ref.start + np.flatnonzero(keep)
@@ -480,7 +481,7 @@ class _PartWriter:
     stays bounded by a few chunks)."""
 
     def __init__(self, pool):
-        self.pool, self.last, self.lock = pool, None, threading.Lock()
+        self.pool, self.last, self.lock, self.sealed = pool, None, threading.Lock(), {}
 
     def __call__(self, frame, out_dir, chunk, files) -> None:
         with self.lock:
@@ -489,12 +490,15 @@ class _PartWriter:
 
     def wait(self) -> None:
         if self.last is not None:
-            self.last.result()
+            self.sealed.update(self.last.result())
+            self.last = None
 
 
-def _perturb_chunks(plan: Plan, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], on_chunk=None) -> ChunkResult | None:
-    """Chunks worked on a few at a time (chunk_threads), the next one read and the last one written in
-    background threads; the results folded in chunk order."""
+def _perturb_chunks(plan: Plan, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], on_chunk=None,
+                    threads: int | None = None) -> ChunkResult | None:
+    """Chunks worked on `threads` at a time (default chunk_threads()), the next one read and the last one
+    written (and flushed and hashed for the manifest) in background threads; the results folded in chunk
+    order."""
     from concurrent.futures import ThreadPoolExecutor
 
     totals = None
@@ -504,17 +508,21 @@ def _perturb_chunks(plan: Plan, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]],
         def work(ref, df):
             return perturb_chunk(plan, df, ref, not _cells_overflowed(totals), write)
 
-        for _, rows, part in _each_chunk(work, chunks, chunk_threads()):
+        for _, rows, part in _each_chunk(work, chunks, threads or chunk_threads()):
             totals = part if totals is None else merge_results([totals, part])
             if on_chunk is not None:
                 on_chunk(rows, len(totals.chunks))
-        write.wait()
+        with write.lock:
+            write.wait()
+    if totals is not None:
+        totals.sealed.update(write.sealed)
     return totals
 
 
 def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]]) -> ChunkResult:
-    """Pass 2 on a run of chunks, one after the other (what a worker does with its share)."""
-    return _perturb_chunks(plan, ((ref, load(plan.spec, chunk)) for ref, chunk in chunks))
+    """Pass 2 on a run of chunks, one after the other (what a Dask worker does with its share: one chunk at a
+    time, the workers are the parallelism)."""
+    return _perturb_chunks(plan, ((ref, load(plan.spec, chunk)) for ref, chunk in chunks), threads=1)
 
 
 def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
@@ -530,16 +538,20 @@ def part_files(chunk: int | None, csv: bool) -> list[str]:
     return [f"{DATA_DIR}/{PART.format(chunk)}.parquet"] + ([f"{CSV_DIR}/{PART.format(chunk)}.csv"] if csv else [])
 
 
-def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str]) -> None:
+def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str]) -> dict[str, dict]:
+    """Write one chunk's files; flush them and return their manifest entries."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    sealed = {}
     for name in files:
         (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
         if name.endswith(".parquet"):
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
         else:
             frame.to_csv(out_dir / name, index=False)
+        sealed[name] = seal_file(out_dir / name)
+    return sealed
 
 
 def merge_results(parts: list[ChunkResult]) -> ChunkResult:
@@ -552,6 +564,7 @@ def merge_results(parts: list[ChunkResult]) -> ChunkResult:
         for c, n in p.missing.items():
             out.missing[c] = out.missing.get(c, 0) + n
         out.files += p.files
+        out.sealed.update(p.sealed)
         out.key_cells = _fold_cells(out.key_cells, p.key_cells)
     samples = [p for p in parts if p.sample is not None]
     if samples:
