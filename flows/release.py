@@ -51,6 +51,7 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         spec = run.loaded(load_spec_task(spec_path))
         start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
         reserve_budget_task(spec, run.run_id)         # population ε ledger: refused here, before any data is read
+        run.reserved = True
         run.engine = engine or spec.engine.mode
         check_streamable(spec, run.engine)             # an --engine override meets the spec's needs too
         run.tag()

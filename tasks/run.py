@@ -47,6 +47,7 @@ class ReleaseRun:
         self.spec = self.stage = self.folder = self.assignments = None
         self.engine: str | None = None
         self.settled = False
+        self.reserved = False             # the ledger holds a reservation of this run (to settle or cancel)
         self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)
 
     # -- what the steps produced -------------------------------------------------------------------
@@ -117,7 +118,7 @@ class ReleaseRun:
         audited = audited or self._try("audit entry", audit_task, self.spec_path, "release-failed",
                             {**self.record, "engine": self.engine, "error": f"{kind}: {original}",
                              "finished": utc_now()})
-        if self.spec is not None and not self.settled:
+        if self.reserved and not self.settled:   # a refused reservation leaves nothing to cancel
             self._try("ledger", settle_budget_task, self.spec, self.run_id, self.assignments, self.folder)
         if not self.unrecorded:
             self._try("journal", finish_run_task)

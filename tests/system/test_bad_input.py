@@ -374,3 +374,22 @@ def test_check_command_gives_one_message_never_a_traceback(tmp_path, capsys, nam
     assert err.startswith("error: ") and "Traceback" not in err and "Fix: " in err, err
     assert f"field '{case[2]}'" in err, err
     assert not (tmp_path / "releases").exists() and not (tmp_path / "private").exists()
+
+
+@pytest.mark.prefect
+def test_a_population_kept_in_another_ledger_is_refused_cleanly(prefect_server, tmp_path):
+    """Refused by the population registry before any data is read: one audit entry, no run journal left and
+    nothing the run 'could not record' (there was no reservation to cancel)."""
+    from flows.release import run_release
+    from pram_lib.ops.ledger import LedgerRefused
+
+    first = synth.write_spec(tmp_path / "a", population={"key": "twice", "cap": 100.0})
+    second = synth.write_spec(tmp_path / "b", population={"key": "twice", "cap": 100.0})
+    run_release(str(first), seed=1)
+    with pytest.raises(LedgerRefused, match="second cap") as info:
+        run_release(str(second), seed=1)
+    assert getattr(info.value.__cause__, "unrecorded", None) == [], info.value.__cause__
+    private = tmp_path / "b" / "private"
+    assert not list((private / "runs").glob("*.json"))
+    entries = [json.loads(x) for x in (private / "audit.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in entries] == ["release-failed"] and "second cap" in entries[0]["error"]
