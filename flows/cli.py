@@ -121,31 +121,16 @@ def print_timings(flow_time: float) -> None:
     rest (Prefect's task and API round trips, the flow between steps)."""
     from tasks.steps import take_timings
 
-    timings = take_timings()
     spent: dict[str, float] = {}
-    for name, start, end in timings:
+    for name, start, end in take_timings():
         spent[name] = spent.get(name, 0.0) + end - start
-    covered = _union_length([(start, end) for _, start, end in timings])
-    side_by_side = sum(spent.values()) - covered
-    rest_label, overlap_label = "Prefect and the flow between steps", "steps side by side (counted twice above)"
-    width = max([len(n) for n in spent] + [len(rest_label), len(overlap_label)])
+    rest_label = "Prefect and the flow between steps"
+    width = max([len(n) for n in spent] + [len(rest_label)])
     print(f"{'step':<{width}} {'s':>7} {'share':>6}")
     for name, seconds in spent.items():
         print(f"{name:<{width}} {seconds:>7.2f} {100 * seconds / flow_time:>5.0f}%")
-    if side_by_side > 0.005:
-        print(f"{overlap_label:<{width}} {-side_by_side:>7.2f} {-100 * side_by_side / flow_time:>5.0f}%")
-    rest = flow_time - covered
+    rest = flow_time - sum(spent.values())
     print(f"{rest_label:<{width}} {rest:>7.2f} {100 * rest / flow_time:>5.0f}%")
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of the intervals."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
 
 
 def _report_failure(exc: BaseException) -> int:

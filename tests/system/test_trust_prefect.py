@@ -187,8 +187,7 @@ def test_logs_carry_facts_not_plumbing(prefect_server, tmp_path):
     spec = _release_folder(tmp_path, "logs", {"mode": "memory"})
     out = _cli(["run", str(spec), "--seed", "5", "--timings"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    # --timings: every release step once, and the steps plus the rest add up to the flow time printed (steps run
-    # side by side, estimate beside validate, are taken out once by a negative row)
+    # --timings: every release step once, and the steps plus the rest add up to the flow time printed
     flow = float(re.search(r"^flow time: ([\d.]+) s$", out.stdout, re.M).group(1))
     rows = dict(re.findall(r"^(\S[\w ()-]*?)\s+(-?[\d.]+)\s+-?\d+%$", out.stdout, re.M))
     assert {"load-spec", "draw-seed", "profile-pass", "choose-channels", "perturb-pass", "estimate", "validate",
