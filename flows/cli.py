@@ -1,4 +1,4 @@
-"""`pram-release`: run | check | ui | verify."""
+"""`pram-release`: run | check | ui | verify | analyze."""
 
 from __future__ import annotations
 
@@ -301,6 +301,61 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_WARN if any(g is None for g, _ in results) else 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Tables, means and regressions from a published release, corrected for its channels (exit 2 on bad input)."""
+    from pram_lib.analysis import ReleaseError, open_release
+
+    try:
+        release = open_release(args.release, verify=not args.no_verify)
+        if args.what == "describe":
+            import pandas as pd
+
+            print(f"release {release.name}: {len(release.files)} data file(s)")
+            print(pd.DataFrame(release.describe()).to_string(index=False))
+            return 0
+        if args.what == "table":
+            result = release.table(args.variables, by=args.by, confidence=args.confidence)
+        elif args.what == "mean":
+            result = release.mean(args.variable, by=args.by, confidence=args.confidence, scale=args.scale)
+        else:
+            result = release.regress(args.formula, family=args.family, confidence=args.confidence,
+                                     success=args.success)
+    except ReleaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result)
+    if args.csv:
+        result.to_frame().to_csv(args.csv, index=False)
+        print(f"written: {args.csv}")
+    return 0
+
+
+def _analyze_parser(sub) -> None:
+    p = sub.add_parser("analyze", help="estimate tables, means and regressions from a published release, "
+                       "corrected for its channels")
+    p.add_argument("release", help="the release folder")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the files against manifest.json")
+    what = p.add_subparsers(dest="what", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
+    common.add_argument("--csv", default=None, help="also write the result as CSV to this file")
+    what.add_parser("describe", help="list the columns, their kind and channel")
+    t = what.add_parser("table", parents=[common], help="estimated true joint distribution of categorical columns")
+    t.add_argument("variables", nargs="+")
+    t.add_argument("--by", nargs="+", default=None, help="give the distribution within each true cell of these")
+    m = what.add_parser("mean", parents=[common], help="estimated true mean and variance of a continuous column")
+    m.add_argument("variable")
+    m.add_argument("--by", nargs="+", default=None, help="within each true cell of these categorical columns")
+    m.add_argument("--scale", choices=["original", "released"], default="original",
+                   help="for a log1p-released column: the mean of x (original) or of log(1 + x) (released)")
+    r = what.add_parser("regress", parents=[common], help="regression corrected for the channels, e.g. "
+                        "'income ~ education + sex' (naive fit beside)")
+    r.add_argument("formula")
+    r.add_argument("--family", choices=["gaussian", "binomial"], default="gaussian")
+    r.add_argument("--success", default=None, help="binomial: the response category modelled (default: the second)")
+    p.set_defaults(func=cmd_analyze, csv=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pram-release", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -329,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", default=None, help="the audit head as kept elsewhere (a copy of audit.head.json, or "
                    "its ENTRIES:SHA256 line): catches a log and head rewritten together")
     p.set_defaults(func=cmd_verify)
+    _analyze_parser(sub)
     args = ap.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,6 @@
+"""The analyst's side: open a release and estimate tables, means and regressions from it, corrected for its
+published channels (no Prefect here)."""
+
+from pram_lib.analysis.release import Release, ReleaseError, open_release
+
+__all__ = ["open_release", "Release", "ReleaseError"]
