@@ -17,11 +17,12 @@ score allows:
   in the covariates, so there is no cell-sum correction; instead **maximum likelihood by EM over the true
   categories**. Model: the true covariate cells (within the public strata the channels depend on) have a
   saturated distribution π; Y | X is logistic in φ(X); the released cells are the true ones through the
-  known channels (the table's Kronecker operator). EM: E-step = expected true (y, x, stratum) counts given
-  the released ones; M-step = π from those counts, β by weighted IRLS on them. Standard errors: the inverse
-  of the empirical (outer-product) information Σ_o N_o S_o S_o^T over released cells o, with S_o the
-  observed-data score (the posterior mean of the complete-data score, Fisher's identity), over β and the
-  free log-odds of π (cells estimated at 0 are held there), β's block taken from the inverse.
+  known channels (the table's Kronecker operator). EM (SQUAREM-accelerated; E-step = expected true
+  (y, x, stratum) counts given the released ones, M-step = π from those counts and β by weighted IRLS)
+  gives a start; projected Newton on the observed information then finishes (EM alone is slow where cells
+  of π go to 0, which is common when channels are weak) and stops when the Newton decrement says less than
+  1e-10 of log-likelihood is left. Standard errors: β's block of the inverse observed information over β
+  and the free cells of π (cells estimated at 0 held there).
 
 The naive fit treats released values as true (ordinary least squares with sandwich standard errors, or
 logistic maximum likelihood with Fisher-information standard errors); its bias is what the correction removes.
@@ -43,8 +44,9 @@ from pram_lib.analysis.release import CategoricalColumn, GroupColumn, NoiseColum
 from pram_lib.analysis.tables import Deconvolver, _z
 
 MAX_EM_CELLS = 4096           # true (y, covariate, stratum) cells for the logistic EM and its information
-EM_MAX_ITER = 20000
-EM_TOL = 1e-10
+EM_MAX_ITER = 100
+EM_TOL = 1e-9
+ACTIVE_EPS = 1e-6
 
 
 @dataclass(frozen=True, eq=False)
@@ -307,10 +309,10 @@ def _binomial(release, formula, y, cat, confidence, success) -> RegressionResult
     D, names = _design(dec, list(range(1, len(cat) + 1)), cat)
     beta, pi, its, ok, info_cov = _em_logistic(dec, cells.counts, D, one)
     naive = _naive_logistic(cells.counts, D, one, dec)
-    method = ("maximum likelihood by EM over the true categories (saturated covariate distribution within the "
-              "public strata, logistic response, the published channels); standard errors from the empirical "
-              f"(outer-product) observed information; Wald intervals at {confidence:.0%}. Naive: logistic "
-              "maximum likelihood on the released values, Fisher-information standard errors")
+    method = ("maximum likelihood over the true categories (saturated covariate distribution within the "
+              "public strata, logistic response, the published channels): EM, then Newton; standard errors from "
+              f"the observed information; Wald intervals at {confidence:.0%}. Naive: logistic maximum likelihood "
+              "on the released values, Fisher-information standard errors")
     return RegressionResult(formula, "binomial", tuple(names), beta, np.sqrt(np.maximum(np.diag(info_cov), 0.0)),
                             info_cov, naive[0], naive[1], n, cells.dropped, confidence, method, its, ok)
 
@@ -337,79 +339,182 @@ def _irls(D, succ, trials, beta, steps=50, tol=1e-12):
 
 
 def _em_logistic(dec, counts, D, one):
+    """EM for (β, π), SQUAREM-accelerated (scheme S3, Varadhan & Roland 2008): an extrapolated step is kept
+    only if the likelihood does not go down, so the likelihood never decreases. Stops when one EM map moves
+    no parameter by more than EM_TOL."""
     dims = dec.true_dims
     n_ax = len(dec.columns)
     x_dims = dims[1:n_ax]
     cx = int(np.prod(x_dims, dtype=np.int64))
+    cs = int(np.prod(dims[n_ax:], dtype=np.int64))
     n = counts.sum()
     live = counts > 0
     q = D.shape[1]
-    beta = np.zeros(q)
-    pi = np.full((cx, int(np.prod(dims[n_ax:], dtype=np.int64))), 1.0 / (cx * max(1, int(np.prod(dims[n_ax:])))))
 
-    def complete(beta, pi):
+    def complete(theta):
+        beta, pi = theta[:q], theta[q:].reshape(cx, cs)
         mu = expit(D @ beta)
         py = np.stack([1 - mu, mu]) if one == 1 else np.stack([mu, 1 - mu])
         return (py[:, :, None] * pi[None]).reshape(dims)
 
-    def loglik(Q):
-        R = dec.apply(Q, "forward", True)
+    def loglik(theta):
+        R = dec.apply(complete(theta), "forward", True)
         return float(np.sum(counts[live] * np.log(np.maximum(R[live], 1e-300))))
 
-    Q = complete(beta, pi)
-    ll = loglik(Q)
-    its, ok = 0, False
-    for its in range(1, EM_MAX_ITER + 1):
+    def em_map(theta):
+        Q = complete(theta)
         R = dec.apply(Q, "forward", True)
         ratio = np.zeros_like(R)
         ratio[live] = counts[live] / R[live]
         E = _split(dec, Q * dec.apply(ratio, "adjoint", True), x_dims)
-        pi = E.sum(axis=0) / n
         e = E.sum(axis=2)
         succ = e[1] if one == 1 else e[0]
-        beta, _ = _irls(D, succ, e.sum(axis=0), beta, steps=3)
-        Q = complete(beta, pi)
-        new = loglik(Q)
-        if abs(new - ll) <= EM_TOL * max(1.0, abs(ll)) and its > 1:
-            ll, ok = new, True
+        beta, _ = _irls(D, succ, e.sum(axis=0), theta[:q], steps=3)
+        return np.concatenate([beta, (E.sum(axis=0) / n).ravel()])
+
+    theta = np.concatenate([np.zeros(q), np.full(cx * cs, 1.0 / (cx * cs))])
+    ll = loglik(theta)
+    its, ok, step_max = 0, False, 1.0
+    while its < EM_MAX_ITER:
+        t1 = em_map(theta)
+        its += 1
+        r = t1 - theta
+        if np.max(np.abs(r)) < EM_TOL:
+            theta, ok = t1, True
             break
-        ll = new
-    cov = _logistic_information(dec, counts, D, beta, pi, Q, one, x_dims)
-    return beta, pi, its, ok, cov
+        t2 = em_map(t1)
+        its += 1
+        v = t2 - t1 - r
+        nr, nv = np.linalg.norm(r), np.linalg.norm(v)
+        a = min(nr / nv, step_max) if nv > 0 else 1.0
+        cand = t2
+        if a <= 1.0 and a == step_max:
+            step_max *= 4
+        elif a > 1.0:
+            ext = theta + 2 * a * r + a * a * v
+            pi = np.maximum(ext[q:], 0.0)
+            if pi.sum() > 0:
+                ext[q:] = pi / pi.sum()
+                ext = em_map(ext)
+                its += 1
+                new = loglik(ext)
+                if np.isfinite(new) and new >= ll:
+                    cand, ll = ext, new
+                    step_max = step_max * 4 if a == step_max else step_max
+                else:
+                    step_max = max(1.0, step_max / 4)
+        if cand is t2:
+            ll = loglik(t2)
+        theta = cand
+    beta, pi, cov, ok, steps = _fisher_scoring(theta, dec, counts, D, one, dims, q, cx, cs)
+    return beta, pi, its + steps, ok, cov
 
 
-def _logistic_information(dec, counts, D, beta, pi, Q, one, x_dims):
-    """Cov β̂ from the empirical information over released cells (module docstring)."""
-    dims = dec.true_dims
+def _fisher_scoring(theta, dec, counts, D, one, dims, q, cx, cs, max_steps=200):
+    """Newton's method from the EM point on the Poisson form of the likelihood f(β, π) = Σ_o N_o log R_o −
+    n Σ π (π ≥ 0 unnormalised; at the maximum Σ π = 1, and β's information is the multinomial one), with
+    R = F Q, F the dense released × complete channel (built once), Q = P(y | x; β) π(x, s).
+
+    The step uses the observed information H = J^T diag(N/R²) J − Σ_o (N_o/R_o) ∂²R_o (J = ∂R/∂θ; R is
+    linear in π, so only the β-β and β-π blocks of ∂²R are not 0), or the expected information
+    n J^T diag(1/R) J (Fisher scoring) where H is not positive definite. Cells of π within ACTIVE_EPS of 0
+    whose gradient points outwards are set to 0 and held there (an ε-active set); a step's negative cells are clipped to 0 (projected Newton, halving the
+    step until the likelihood rises). Stops when the Newton decrement g^T H^{-1} g (≈ twice the
+    log-likelihood still to gain) is below 1e-10. Returns β, π, Cov β (β's block of the inverse observed
+    information over the free parameters), converged, steps."""
     T = int(np.prod(dims, dtype=np.int64))
-    F = dec.apply(np.eye(T).reshape(dims + [T]), "forward", True).reshape(-1, T)   # released × complete
-    Qf = Q.reshape(-1)
-    R = F @ Qf
-    obs = counts.reshape(-1) > 0
-    W = F[obs] * Qf[None, :] / R[obs, None]                                         # posterior of complete cells
-    mu = expit(D @ beta)
-    cx, cs = pi.shape
-    yv = np.zeros((2, 1)) + (np.arange(2) == one)[:, None]                          # y indicator per response cell
-    resid = (yv - mu[None, :])                                                       # (2, cx)
-    score_beta = (resid[:, :, None] * D[None]).reshape(2, cx, 1, -1)
-    score_beta = np.broadcast_to(score_beta, (2, cx, cs, D.shape[1])).reshape(T, -1)
-    free = np.flatnonzero(pi.reshape(-1) > 1e-12)
-    ref, free = free[0], free[1:]
-    onehot = np.zeros((T, free.size))
-    cell_of = np.tile(np.arange(cx * cs), 2)                                         # complete cell → (x, stratum)
-    hit = np.searchsorted(free, cell_of)
-    ok = (hit < free.size) & (free[np.minimum(hit, free.size - 1)] == cell_of)
-    onehot[np.flatnonzero(ok), hit[ok]] = 1.0
-    score_pi = onehot - pi.reshape(-1)[free][None, :]
-    S = W @ np.hstack([score_beta, score_pi])
-    info = (S * counts.reshape(-1)[obs][:, None]).T @ S
-    del ref
+    F = dec.apply(np.eye(T).reshape(list(dims) + [T]), "forward", True).reshape(-1, T)
+    F4 = F.reshape(-1, 2, cx * cs)
+    Fd = F4[:, one] - F4[:, 1 - one]
+    del F
+    N = counts.reshape(-1)
+    live = N > 0
+    n = N.sum()
+    beta, pi = theta[:q].copy(), theta[q:].copy()
+    xcell = np.repeat(np.arange(cx), cs)              # flat (x, s) cell → covariate cell x
+
+    def probs(beta):
+        mu = expit(D @ beta)
+        py = np.stack([1 - mu, mu]) if one == 1 else np.stack([mu, 1 - mu])
+        return mu, py[:, xcell]
+
+    def value(beta, pi):
+        _, py = probs(beta)
+        R = F4.reshape(F4.shape[0], -1) @ (py * pi).reshape(-1)
+        if np.any(R[live] <= 0):
+            return -np.inf, R
+        return float(N[live] @ np.log(R[live])) - n * float(pi.sum()), R
+
+    def information(beta, pi, R, free_pi, observed):
+        mu, py = probs(beta)
+        dmu = (mu * (1 - mu))[xcell]
+        w = np.where(R > 0, N / np.where(R > 0, R, 1.0), 0.0)
+        Jb = (Fd * (pi * dmu)) @ D[xcell]
+        Jp = F4[:, 0, free_pi] * py[0, free_pi] + F4[:, 1, free_pi] * py[1, free_pi]
+        J = np.hstack([Jb, Jp])
+        B = (w @ F4.reshape(F4.shape[0], -1)).reshape(2, -1)
+        g = np.concatenate([D[xcell].T @ ((B[one] - B[1 - one]) * pi * dmu), (B * py).sum(axis=0) - n])
+        if observed:
+            info = (J * (w / np.where(R > 0, R, 1.0))[:, None]).T @ J
+            d2 = (B[one] - B[1 - one])
+            c = d2 * pi * dmu * (1 - 2 * mu[xcell])
+            info[:q, :q] -= (D[xcell] * c[:, None]).T @ D[xcell]
+            K = (D[xcell] * (d2 * dmu)[:, None])[free_pi]
+            info[:q, q:] -= K.T
+            info[q:, :q] -= K
+        else:
+            info = (J * (n / np.maximum(R, 1e-300))[:, None]).T @ J
+        return g, info
+
+    f, R = value(beta, pi)
+    ok, step, decrement = False, 0, np.inf
+    for step in range(1, max_steps + 1):
+        _, py = probs(beta)
+        w = np.where(R > 0, N / np.where(R > 0, R, 1.0), 0.0)
+        g_pi = ((w @ F4.reshape(F4.shape[0], -1)).reshape(2, -1) * py).sum(axis=0) - n
+        free_pi = (pi > ACTIVE_EPS) | (g_pi > 0)      # cells near 0 pushed outwards are held at 0
+        near = decrement < 10.0     # Newton near the maximum (quadratic); Fisher scoring before (cheaper, safe)
+        g, info = information(beta, pi, R, free_pi, observed=near)
+        free = np.concatenate([np.ones(q, bool), free_pi])
+        gf = g[free]
+        d, decrement = None, -1.0
+        try:
+            L = np.linalg.cholesky(info)
+            d = np.linalg.solve(L.T, np.linalg.solve(L, gf))
+            decrement = float(gf @ d)
+        except np.linalg.LinAlgError:
+            pass
+        if near and (d is None or not decrement > 0):
+            _, info = information(beta, pi, R, free_pi, observed=False)
+            try:
+                d = np.linalg.solve(info, gf)
+            except np.linalg.LinAlgError:
+                d = np.linalg.lstsq(info, gf, rcond=None)[0]
+            decrement = float(gf @ d)
+        if decrement < 1e-10:
+            ok = True
+            break
+        full = np.zeros(q + cx * cs)
+        full[free] = d
+        full[q:][~free_pi] = -pi[~free_pi]
+        t = 1.0
+        while t > 1e-10:   # the step's negative cells of π are clipped to 0
+            nb, npi = beta + t * full[:q], np.maximum(pi + t * full[q:], 0.0)
+            nf, nR = value(nb, npi)
+            if nf >= f + 1e-4 * t * decrement or (nf > f and t < 1e-3):
+                break
+            t /= 2.0
+        else:
+            break
+        beta, pi, R, f = nb, npi, nR, nf
+    free_pi = pi > 1e-14
+    _, info = information(beta, pi, R, free_pi, observed=True)
     try:
         inv = np.linalg.inv(info)
     except np.linalg.LinAlgError:
         inv = np.linalg.pinv(info)
-    q = D.shape[1]
-    return (inv[:q, :q] + inv[:q, :q].T) / 2
+    cov = (inv[:q, :q] + inv[:q, :q].T) / 2
+    return beta, pi.reshape(cx, cs) / pi.sum(), cov, ok, step
 
 
 def _naive_logistic(counts, D, one, dec):

@@ -334,8 +334,9 @@ class Release:
         labels = [b.labels for b in books]
         # public columns: labels in a stable order that does not depend on how the data was split into parts
         for ax, b in enumerate(books):
-            if not b.fixed:
-                order = sorted(range(len(b.labels)), key=lambda i: _sort_key(b.labels[i]))
+            if not b.fixed:   # only values some record has (a Parquet dictionary may list others)
+                seen = counts.sum(axis=tuple(i for i in range(counts.ndim) if i != ax)) > 0
+                order = sorted(np.flatnonzero(seen), key=lambda i: _sort_key(b.labels[i]))
                 labels[ax] = [b.labels[i] for i in order]
                 counts = np.take(counts, order, axis=ax)
                 sums = None if sums is None else np.take(sums, order, axis=ax)

@@ -115,7 +115,7 @@ class Deconvolver:
         """Apply `how` (an AxisChannel method) to tensor u over all axes (+ trailing feature axes).
         Inputs/outputs are over released or true cells as `how` implies; hidden strata are summed unless kept."""
         to_true = how in ("invert", "invert_squared", "adjoint")
-        n_ax = len(self.columns) + len(self.hidden)
+        n_ax = len(self.columns) + (0 if how == "invert_transpose" else len(self.hidden))
         trailing = list(u.shape[n_ax:])
         dims_in = self.released_dims if to_true else self.true_dims
         dims_out = self.true_dims if to_true else self.released_dims
@@ -240,7 +240,7 @@ class TableEstimate:
 def estimate_table(release: Release, variables: list[str], by: list[str], confidence: float = 0.95,
                    mle: bool = True) -> TableEstimate:
     """See the module docstring."""
-    z = _z(confidence)
+    _z(confidence)
     if not variables:
         raise ReleaseError("name at least one variable for the table")
     both = variables + by
