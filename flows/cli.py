@@ -314,7 +314,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             print(pd.DataFrame(release.describe()).to_string(index=False))
             return 0
         if args.what == "table":
-            result = release.table(args.variables, by=args.by, confidence=args.confidence)
+            result = release.table(args.variables, by=args.by, confidence=args.confidence, mle=args.mle)
         elif args.what == "mean":
             result = release.mean(args.variable, by=args.by, confidence=args.confidence, scale=args.scale)
         else:
@@ -343,6 +343,7 @@ def _analyze_parser(sub) -> None:
     t = what.add_parser("table", parents=[common], help="estimated true joint distribution of categorical columns")
     t.add_argument("variables", nargs="+")
     t.add_argument("--by", nargs="+", default=None, help="give the distribution within each true cell of these")
+    t.add_argument("--mle", action="store_true", help="also the maximum-likelihood estimate (can take seconds)")
     m = what.add_parser("mean", parents=[common], help="estimated true mean and variance of a continuous column")
     m.add_argument("variable")
     m.add_argument("--by", nargs="+", default=None, help="within each true cell of these categorical columns")

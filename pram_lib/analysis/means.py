@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pram_lib.analysis.release import CategoricalColumn, GroupColumn, NoiseColumn, Release, ReleaseError
+from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn, ReleaseData, ReleaseError
 from pram_lib.analysis.tables import Deconvolver, _z
 
 
@@ -90,7 +90,7 @@ class MeanEstimate:
         return f"{head}\n{self.method}\n{f.to_string(index=False, float_format=lambda x: f'{x:.4g}')}"
 
 
-def estimate_mean(release: Release, variable: str, by: list[str], confidence: float = 0.95,
+def estimate_mean(release: ReleaseData, variable: str, by: list[str], confidence: float = 0.95,
                   scale: str = "original") -> MeanEstimate:
     """See the module docstring."""
     _z(confidence)

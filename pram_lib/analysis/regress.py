@@ -40,7 +40,7 @@ from scipy.special import expit, ndtr
 
 from pram_lib.analysis.axes import Identity
 from pram_lib.analysis.means import pseudo_values
-from pram_lib.analysis.release import CategoricalColumn, GroupColumn, NoiseColumn, Release, ReleaseError
+from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn, ReleaseData, ReleaseError
 from pram_lib.analysis.tables import Deconvolver, _z
 
 MAX_EM_CELLS = 4096           # true (y, covariate, stratum) cells for the logistic EM and its information
@@ -104,7 +104,7 @@ def parse_formula(formula: str) -> tuple[str, list[str]]:
     return m.group(1), [t for t in terms if t != "1"]
 
 
-def regress(release: Release, formula: str | None = None, *, y: str | None = None, x=None,
+def regress(release: ReleaseData, formula: str | None = None, *, y: str | None = None, x=None,
             family: str = "gaussian", confidence: float = 0.95, success: str | None = None) -> RegressionResult:
     """See the module docstring."""
     _z(confidence)
@@ -130,7 +130,7 @@ def regress(release: Release, formula: str | None = None, *, y: str | None = Non
     raise ReleaseError(f"family must be 'gaussian' or 'binomial', got {family!r}")
 
 
-def _public_categorical(release: Release, column: str) -> bool:
+def _public_categorical(release: ReleaseData, column: str) -> bool:
     """An unperturbed column is a categorical covariate unless it is stored as numbers."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -8,8 +8,9 @@ group's cluster, whose released sub-tuple is K-ary RR again: multidim_rr.md). Th
 * estimate  P̂ = G π̂ (G = M^{-T} per stratum, the pseudo-inverse for a non-square channel): unbiased;
 * covariance Cov P̂ = (G diag(π̂) G^T − P̂ P̂^T)/n, its diagonal from (G∘G) π̂ without forming G;
 * Wald intervals P̂ ± z se (not clipped), counts n P̂;
-* `projected`: P̂ projected onto the simplex; `mle`: the multinomial maximum-likelihood estimate on the
-  simplex (EM, SQUAREM-accelerated: pram_lib.core.estimate), both consistent, neither unbiased;
+* `projected`: P̂ projected onto the simplex; `mle` (when asked for: it can take seconds on large tables):
+  the multinomial maximum-likelihood estimate on the simplex (EM, SQUAREM-accelerated:
+  pram_lib.core.estimate), both consistent, neither unbiased;
 * `by`: the distribution within each true cell b of the by-columns, P̂(x | b) = P̂(x, b)/P̂(b), with
   the delta-method variance (1/(n P̂(b)^2)) Σ_z (G^T h)_z^2 π̂_z, h = e_(x,b) − P̂(x|b) 1_b.
 
@@ -26,7 +27,7 @@ import pandas as pd
 from scipy.special import ndtri
 
 from pram_lib.analysis.axes import AxisChannel, Identity, UniformRR
-from pram_lib.analysis.release import CategoricalColumn, GroupColumn, PublicColumn, Release, ReleaseError
+from pram_lib.analysis.source import CategoricalColumn, GroupColumn, PublicColumn, ReleaseData, ReleaseError
 from pram_lib.core.estimate import _em, project_to_simplex
 
 MAX_TABLE_CELLS = 2_000_000   # true cells of a table (the estimate itself)
@@ -45,7 +46,7 @@ class Deconvolver:
     """The table's channel, applied without building it: G, G∘G, G^T, M^T and M along the axes of tensors
     over the released (or true) cells of `columns` followed by the `hidden` strata columns."""
 
-    def __init__(self, release: Release, columns: list[str]):
+    def __init__(self, release: ReleaseData, columns: list[str]):
         self.release = release
         self.columns = list(columns)
         infos = [release.column(c) for c in columns]
@@ -232,13 +233,18 @@ class TableEstimate:
         f = self.to_frame()
         lo, hi = f"lower {self.confidence:.0%}", f"upper {self.confidence:.0%}"
         f = f.rename(columns={"lower": lo, "upper": hi})
-        cols = list(self.variables) + list(self.by) + ["estimate", "se", lo, hi, "projected", "count"]
+        cols = list(self.by) + list(self.variables) + ["estimate", "se", lo, hi, "projected", "count"]
+        if self.mle is not None:
+            cols.insert(-1, "mle")
+        if self.by:   # one block per by-cell
+            f = f.sort_values(list(self.by), kind="stable", key=lambda c: c.map({x: i for i, x in enumerate(
+                self.categories[len(self.variables) + list(self.by).index(c.name)])}))
         body = f[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}" if abs(x) < 10 else f"{x:,.0f}")
         return f"{head}\n{self.method}\n{body}"
 
 
-def estimate_table(release: Release, variables: list[str], by: list[str], confidence: float = 0.95,
-                   mle: bool = True) -> TableEstimate:
+def estimate_table(release: ReleaseData, variables: list[str], by: list[str], confidence: float = 0.95,
+                   mle: bool = False) -> TableEstimate:
     """See the module docstring."""
     _z(confidence)
     if not variables:

@@ -83,6 +83,7 @@ LAYERS = {
     "families": {"core", "channels", "families"},
     "pipeline": {"core", "channels", "spec", "families", "ops", "pipeline"},
     "ops": {"core", "spec", "ops"},
+    "analysis": {"core", "ops", "analysis"},   # the analyst's side reads published channels, never families
     "data": set(),
 }
 

@@ -203,7 +203,7 @@ def test_mle_is_the_inversion_when_that_lies_inside_the_simplex(sim):
     """With square invertible channels, the multinomial likelihood is maximal where M^T p = π̂; if the unbiased
     estimate is a distribution (all cells > 0), it is the MLE."""
     release, _ = sim
-    t = release.table(["occ", "a"])
+    t = release.table(["occ", "a"], mle=True)
     assert (t.estimate > 0.01).all()
     np.testing.assert_allclose(t.mle, t.estimate, atol=1e-6)
     np.testing.assert_allclose(t.projected, t.estimate, atol=1e-12)
