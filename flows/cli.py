@@ -318,8 +318,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         elif args.what == "mean":
             result = release.mean(args.variable, by=args.by, confidence=args.confidence, scale=args.scale)
         else:
+            reference = {}
+            for item in args.reference or []:
+                column, sep, category = item.partition("=")
+                if not sep:
+                    raise ReleaseError(f"--reference {item!r}: write COLUMN=CATEGORY, e.g. race=White")
+                reference[column] = category
             result = release.regress(args.formula, family=args.family, confidence=args.confidence,
-                                     success=args.success)
+                                     success=args.success, reference=reference)
     except ReleaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -354,6 +360,8 @@ def _analyze_parser(sub) -> None:
     r.add_argument("formula")
     r.add_argument("--family", choices=["gaussian", "binomial"], default="gaussian")
     r.add_argument("--success", default=None, help="binomial: the response category modelled (default: the second)")
+    r.add_argument("--reference", nargs="+", default=None, metavar="COLUMN=CATEGORY",
+                   help="code a categorical covariate against this category (default: its first)")
     p.set_defaults(func=cmd_analyze, csv=None)
 
 

@@ -105,8 +105,10 @@ def parse_formula(formula: str) -> tuple[str, list[str]]:
 
 
 def regress(release: ReleaseData, formula: str | None = None, *, y: str | None = None, x=None,
-            family: str = "gaussian", confidence: float = 0.95, success: str | None = None) -> RegressionResult:
-    """See the module docstring."""
+            family: str = "gaussian", confidence: float = 0.95, success: str | None = None,
+            reference: dict | None = None) -> RegressionResult:
+    """See the module docstring. `reference`: {covariate: category} to code a covariate against (default:
+    its first category)."""
     _z(confidence)
     if formula is not None:
         y, x = parse_formula(formula)
@@ -114,19 +116,23 @@ def regress(release: ReleaseData, formula: str | None = None, *, y: str | None =
         raise ReleaseError("give a formula 'y ~ a + b' or y= and x=")
     x = [x] if isinstance(x, str) else list(x or [])
     formula = f"{y} ~ {' + '.join(x) if x else '1'}"
+    reference = dict(reference or {})
+    for c in reference:
+        if c not in x:
+            raise ReleaseError(f"reference given for {c!r}, which is not a covariate of {formula}")
     if len(set([y] + x)) != len(x) + 1:
         raise ReleaseError(f"{formula}: a column is named twice")
     infos = {c: release.column(c) for c in [y] + x}
     cat = [c for c in x if isinstance(infos[c], (CategoricalColumn, GroupColumn)) or _public_categorical(release, c)]
     num = [c for c in x if c not in cat]
     if family == "gaussian":
-        return _gaussian(release, formula, y, cat, num, confidence)
+        return _gaussian(release, formula, y, cat, num, confidence, reference)
     if family == "binomial":
         if num:
             raise ReleaseError(f"{formula}: continuous covariates {num} in a logistic regression are not supported "
                                "(noise in a covariate of a non-linear model has no cell-sum correction); use "
                                "categorical covariates, or the gaussian family")
-        return _binomial(release, formula, y, cat, confidence, success)
+        return _binomial(release, formula, y, cat, confidence, success, reference)
     raise ReleaseError(f"family must be 'gaussian' or 'binomial', got {family!r}")
 
 
@@ -144,23 +150,30 @@ def _public_categorical(release: ReleaseData, column: str) -> bool:
     return not (pa.types.is_integer(t) or pa.types.is_floating(t))
 
 
-def _design(dec: Deconvolver, axes: list[int], cats: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Dummy design d(c) over the true cells of the covariate axes (row-major): intercept + K−1 per covariate."""
+def _design(dec: Deconvolver, axes: list[int], cats: list[str], reference: dict) -> tuple[np.ndarray, list[str]]:
+    """Dummy design d(c) over the true cells of the covariate axes (row-major): intercept + K−1 per covariate,
+    against the covariate's reference category (default: its first)."""
     dims = [dec.true_dims[a] for a in axes]
     cells = np.array(list(itertools.product(*(range(d) for d in dims))), dtype=int).reshape(-1, len(dims))
     cols, names = [np.ones(len(cells))], ["(Intercept)"]
     for j, (a, c) in enumerate(zip(axes, cats)):
-        labels = dec.true_labels[a]
-        for k in range(1, len(labels)):
-            cols.append((cells[:, j] == k).astype(float))
-            names.append(f"{c}[{labels[k]}]")
+        labels = list(dec.true_labels[a])
+        base = 0
+        if c in reference:
+            if str(reference[c]) not in labels:
+                raise ReleaseError(f"reference {c}={reference[c]!r} is not a category of {c!r} ({labels[:12]})")
+            base = labels.index(str(reference[c]))
+        for k in range(len(labels)):
+            if k != base:
+                cols.append((cells[:, j] == k).astype(float))
+                names.append(f"{c}[{labels[k]}]")
     return np.column_stack(cols), names
 
 
 # ------------------------------------------------------------------------------------------------
 # gaussian: corrected normal equations
 # ------------------------------------------------------------------------------------------------
-def _gaussian(release, formula, y, cat, num, confidence) -> RegressionResult:
+def _gaussian(release, formula, y, cat, num, confidence, reference) -> RegressionResult:
     infos = {c: release.column(c) for c in [y] + num}
     for c in [y] + num:
         if isinstance(infos[c], (CategoricalColumn, GroupColumn)) or _public_categorical(release, c):
@@ -199,7 +212,7 @@ def _gaussian(release, formula, y, cat, num, confidence) -> RegressionResult:
     n = cells.n
     if not n > 0:
         raise ReleaseError(f"{formula}: no released record has all of its columns")
-    D, names = _design(dec, list(range(len(cat))), cat)
+    D, names = _design(dec, list(range(len(cat))), cat, reference)
     names = names + list(num)
     fit = _normal_equations(dec, cells, D, layout, r, n)
     # the naive fit: the same equations on the released values, channels taken as identity
@@ -208,7 +221,7 @@ def _gaussian(release, formula, y, cat, num, confidence) -> RegressionResult:
     naive._plans = [(index, units, [Identity(op.m) for op in ops]) for index, units, ops in naive._plans]
     naive.true_dims = list(naive.released_dims)
     naive.true_labels = [list(x) for x in naive.labels]
-    Dn, _ = _design(naive, list(range(len(cat))), cat)
+    Dn, _ = _design(naive, list(range(len(cat))), cat, reference)
     nfit = _normal_equations(naive, raw_cells, Dn, layout, r, raw_cells.n)
     method = ("corrected normal equations (cell sums of unbiased pseudo-values inverted through the channels); "
               f"delta-method (sandwich) standard errors; Wald intervals at {confidence:.0%}. Naive: OLS on the "
@@ -281,7 +294,7 @@ def _normal_equations(dec, cells, D, layout, r, n):
 # ------------------------------------------------------------------------------------------------
 # binomial: maximum likelihood by EM over the true categories
 # ------------------------------------------------------------------------------------------------
-def _binomial(release, formula, y, cat, confidence, success) -> RegressionResult:
+def _binomial(release, formula, y, cat, confidence, success, reference) -> RegressionResult:
     info = release.column(y)
     if isinstance(info, NoiseColumn) or not (isinstance(info, (CategoricalColumn, GroupColumn))
                                              or _public_categorical(release, y)):
@@ -306,7 +319,7 @@ def _binomial(release, formula, y, cat, confidence, success) -> RegressionResult
     if size > MAX_EM_CELLS:
         raise ReleaseError(f"{formula}: {size:,} true cells (response × covariates × strata) are more than the "
                            f"{MAX_EM_CELLS:,} the EM fit handles; use fewer or coarser covariates")
-    D, names = _design(dec, list(range(1, len(cat) + 1)), cat)
+    D, names = _design(dec, list(range(1, len(cat) + 1)), cat, reference)
     beta, pi, its, ok, info_cov = _em_logistic(dec, cells.counts, D, one)
     naive = _naive_logistic(cells.counts, D, one, dec)
     method = ("maximum likelihood over the true categories (saturated covariate distribution within the "

@@ -27,9 +27,12 @@ class Release(ReleaseData):
         return estimate_mean(self, variable, _names(by), confidence, scale)
 
     def regress(self, formula: str | None = None, *, y: str | None = None, x: Sequence[str] | None = None,
-                family: str = "gaussian", confidence: float = 0.95, success: str | None = None) -> RegressionResult:
-        """A regression corrected for the channels, the naive fit beside (see pram_lib.analysis.regress)."""
-        return regress(self, formula, y=y, x=x, family=family, confidence=confidence, success=success)
+                family: str = "gaussian", confidence: float = 0.95, success: str | None = None,
+                reference: dict | None = None) -> RegressionResult:
+        """A regression corrected for the channels, the naive fit beside (see pram_lib.analysis.regress);
+        `reference` = {covariate: category} codes a covariate against that category (default: its first)."""
+        return regress(self, formula, y=y, x=x, family=family, confidence=confidence, success=success,
+                       reference=reference)
 
 
 def _names(v) -> list[str]:
