@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from pram_lib.core.strict import Strict as _Strict
 from pram_lib.families import BY_CHANNEL, REGISTRY, family_of
@@ -135,6 +135,17 @@ class ValidationSpec(_Strict):
     min_expected: float = Field(default=5.0, ge=0)     # records per category every stratum needs for the χ² check
 
 
+DATA_FORMATS = ("parquet", "csv", "dta", "sav")   # files of the released table: Parquet (always), CSV, Stata, SPSS
+FORMATS_FIX = "list some of parquet (always written), csv, dta (Stata), sav (SPSS), e.g. `formats: [csv, dta]`"
+
+
+def _data_format(x: Any) -> Any:
+    if not isinstance(x, str) or x not in DATA_FORMATS:
+        raise ValueError(f"unknown data format {x!r}: the released table can be written as "
+                         f"{', '.join(DATA_FORMATS)}")
+    return x
+
+
 WHOLE_SOURCE = 1 << 62  # chunk_rows of engine mode memory: the source is one chunk
 
 
@@ -163,7 +174,8 @@ class ReleaseSpec(_Strict):
     budget: float = Field(gt=0)
     population: PopulationSpec | None = None
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
-    csv: bool = False
+    csv: bool | None = None          # the older switch: `csv: true` means csv is in `formats`
+    formats: list[Annotated[str, BeforeValidator(_data_format)]] = Field(default_factory=lambda: ["parquet"])
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="level of every published interval and band")
     passthrough: list[str] = Field(default_factory=list)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -185,6 +197,26 @@ class ReleaseSpec(_Strict):
         if not math.isfinite(v):
             raise ValueError("budget must be a finite number > 0 (an infinite budget checks nothing)")
         return v
+
+    @field_validator("formats")
+    @classmethod
+    def _formats_agree(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        twice = sorted({f for f in v if v.count(f) > 1})
+        if twice:
+            raise ValueError(f"formats lists {', '.join(twice)} twice")
+        csv = info.data.get("csv")
+        if csv is not None and csv != ("csv" in v):
+            raise ValueError(f"`csv: {str(csv).lower()}` contradicts `formats: [{', '.join(v)}]`, which "
+                             f"{'does not list' if csv else 'lists'} csv")
+        return v
+
+    @model_validator(mode="after")
+    def _one_list_of_formats(self) -> "ReleaseSpec":
+        """`formats` in canonical order, parquet first; `csv` says whether csv is among them."""
+        wanted = set(self.formats) | ({"csv"} if self.csv else set())
+        self.formats = ["parquet", *(f for f in DATA_FORMATS[1:] if f in wanted)]
+        self.csv = "csv" in wanted
+        return self
 
     # -- locations ----------------------------------------------------------------------------
     @property
@@ -326,6 +358,9 @@ def _located(fname: str, marks: dict, exc: ValidationError) -> SpecError:
     if isinstance(found, (dict, list)) and err["type"] != "extra_forbidden":
         found = None
     fix = _FIXES.get(err["type"], "see the spec reference in README.md")
+    if loc[:1] == ("formats",) and err["type"] != "extra_forbidden":
+        fix = FORMATS_FIX if "contradicts" not in problem else \
+            "drop `csv:` (the older switch): `formats:` alone says which files are written"
     if problem.startswith("true/false is not a number"):
         fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
     return SpecError(fname, line, col, _dotted(loc), problem, found, fix)
@@ -386,6 +421,7 @@ def check_spec(spec: ReleaseSpec) -> None:
     """Cross-field rules that need the whole spec."""
     _check_locations(spec)
     _check_names(spec)
+    _check_package_names(spec)
     for i, v in enumerate(spec.variables):
         family_of(v).check_spec(spec, i, v)
     if spec.engine.mode != "memory":
@@ -458,6 +494,41 @@ def _check_names(spec: ReleaseSpec) -> None:
     rank = {"a variable": 0, "a pass-through column": 1, "RR-Adjustment weights": 2, "a group's name": 3}
     for name, loc, kind in sorted(claims, key=lambda c: rank.get(c[2], 2)):
         claim(name, loc, kind)
+
+
+PACKAGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")   # a Stata name that SPSS takes too (it allows 64 bytes)
+RESERVED_NAMES = frozenset((   # Stata and Mata (the words pandas.DataFrame.to_stata renames), then SPSS; any case
+    "aggregate array boolean break byte case catch class colvector complex const continue default delegate delete do "
+    "double else eltypedef end enum explicit export external float for friend function global goto if inline int "
+    "local long null pragma protected quad rowvector short typedef typename virtual in strl using with "
+    "all and by eq ge gt le lt ne not or to").split())
+
+
+def _check_package_names(spec: ReleaseSpec) -> None:
+    """With dta or sav in `formats`, every released column name is a valid Stata and SPSS variable name (else
+    pandas would rename it silently, and the column would no longer match channels.json)."""
+    packages = [f for f in ("dta", "sav") if f in spec.formats]
+    if not packages:
+        return
+    claims = [(name, loc) for i, v in enumerate(spec.variables) for name, loc, kind in
+              family_of(v).released_names(v, i) if kind != "a group's name"]
+    claims += [(col, ("passthrough", j)) for j, col in enumerate(spec.passthrough)]
+    which = " and ".join({"dta": "Stata", "sav": "SPSS"}[f] for f in packages)
+    seen: dict[str, str] = {}
+    for name, loc in claims:
+        lower = name.lower()
+        reserved = lower in RESERVED_NAMES or re.fullmatch(r"str\d+", lower)
+        if not PACKAGE_NAME.fullmatch(name) or reserved:
+            raise spec.error(loc, f"{name!r} cannot be a {which} variable name (`formats:` lists "
+                             f"{', '.join(packages)}): " + ("it is a reserved word" if reserved else
+                             "names start with a letter and hold at most 32 letters, digits or '_'"), name,
+                             "rename the column in the source, or leave " + " and ".join(packages) +
+                             " out of `formats:`")
+        if "sav" in packages and lower in seen:
+            raise spec.error(loc, f"SPSS variable names ignore case: {seen[lower]!r} and {name!r} would be one "
+                             "variable", name, "rename one of the columns in the source, or leave sav out of "
+                             "`formats:`")
+        seen[lower] = name
 
 
 def check_streamable(spec: ReleaseSpec, mode: str) -> None:

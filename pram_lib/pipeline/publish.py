@@ -19,10 +19,12 @@ import pandas as pd
 
 from pram_lib import __version__
 from pram_lib.core.guarantee import NotDP
+from pram_lib.core.jsonable import to_json
 from pram_lib.families import REGISTRY, family_of
 from pram_lib.families.base import pct
 from pram_lib.ops.audit import build_manifest
 from pram_lib.pipeline.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
+from pram_lib.pipeline.stream import part_files
 from pram_lib.spec import ReleaseSpec
 
 
@@ -79,6 +81,16 @@ def abandon_release(stage: Stage) -> None:
 
 
 # -- artefacts ------------------------------------------------------------------------------------
+CHANNELS_SCHEMA = "channels.schema.json"   # the JSON Schema of channels.json, shipped beside it in every release
+
+
+def channels_schema() -> bytes:
+    """The JSON Schema (draft 2020-12) of channels.json, as the package ships it (pram_lib/schemas/)."""
+    from importlib.resources import files
+
+    return (files("pram_lib") / "schemas" / CHANNELS_SCHEMA).read_bytes()
+
+
 def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
     spent = spent_by_variable(assignments)
     entries = []
@@ -116,10 +128,12 @@ def draw_plots(stage: Stage, estimates: pd.DataFrame, curves: pd.DataFrame, valu
 def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assignment], estimates: pd.DataFrame,
                         distributions: tuple, validation: dict, n_rows: int, columns: list[str], started: str,
                         plots: list[str], processing: list[str] | None = None) -> tuple[str, pd.DataFrame]:
-    """Everything but the data and the plots (`plots`: their files, drawn by draw_plots): channels.json,
-    estimates, tables, validation summary, report.md. Returns (report text, overall estimates)."""
+    """Everything but the data and the plots (`plots`: their files, drawn by draw_plots): channels.json and its
+    schema, estimates, tables, validation summary, report.md. Returns (report text, overall estimates)."""
     curves, summary, tables = distributions
-    (stage.tmp / "channels.json").write_text(json.dumps(channels_document(spec, assignments), indent=2) + "\n")
+    doc = to_json(channels_document(spec, assignments))   # an infinite γ as "inf", never JSON's invalid Infinity
+    (stage.tmp / "channels.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    (stage.tmp / CHANNELS_SCHEMA).write_bytes(channels_schema())
     estimates.to_csv(stage.tmp / "estimates.csv", index=False)
     overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
     if not curves.empty:
@@ -513,11 +527,32 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
              f"{spec.validation.level:g} "
              "(Holm's step-down over all the checks; released counts vs the channel applied to the source; the "
              "statistics stay in the private store because they use source counts).")
-    L += ["", "## Using this release", "",
-          "```python\nimport json, pandas as pd\nfrom pram_lib.core.channel import Channel\n"
-          "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
-          "data = pd.read_parquet('data.parquet')\n```", ""]
+    L += ["", "## Using this release", "", *data_files_section(spec)]
     return "\n".join(L)
+
+
+def data_files_section(spec: ReleaseSpec) -> list[str]:
+    """How to read the released table, in every format the spec asked for."""
+    one = spec.engine.mode == "memory"
+    files = part_files(None if one else 0, spec.formats)
+    names = files if one else [f.replace("part-00000", "part-*") for f in files]
+    parquet = "data.parquet" if one else "data"
+    L = ["```python\nimport json, pandas as pd\nfrom pram_lib.core.channel import Channel\n"
+         "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
+         f"data = pd.read_parquet('{parquet}')\n```", "",
+         f"`{CHANNELS_SCHEMA}` is the JSON Schema of `channels.json`: what every field means, enough to rebuild "
+         "each channel in another language.", ""]
+    if len(names) > 1:
+        L += ["The table is also written as " + ", ".join(f"`{n}`" for n in names[1:]) +
+              ("" if one else " (one file per chunk, in row order: append them)") + ".", ""]
+    if {"dta", "sav"} & set(spec.formats):
+        L.append("In the Stata (`.dta`, format 118) and SPSS (`.sav`) files a column randomized by a categorical "
+                 "channel holds integer codes: code j is the j-th category of its `channels.json` entry "
+                 "(`output_categories` of a dense channel, else `categories`; for a group's attribute its list in "
+                 "`categories`), with that category as its value label. Missing values are system missing. "
+                 "Pass-through text columns are text (a missing text is empty).")
+        L.append("")
+    return L
 
 
 def missing_values_section(spec: ReleaseSpec) -> list[str]:

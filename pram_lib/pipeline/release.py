@@ -24,6 +24,7 @@ from pram_lib.families import family_of
 from pram_lib.families.categorical import ESTIMATE_COLUMNS, estimate_frame, missing_as_category  # noqa: F401
 from pram_lib.families.group import group_codes, group_marginals  # noqa: F401
 from pram_lib.families.noise import THETA_STEP, estimate_distributions, numeric_column  # noqa: F401
+from pram_lib.pipeline.formats import check_labels, release_labels
 from pram_lib.spec import ReleaseSpec, SpecError
 
 
@@ -90,9 +91,12 @@ def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
 
 # -- choose channels -------------------------------------------------------------------------------
 def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assignment]:
-    """Every variable's channels, chosen by its family from the profile; then the leakage guard and budget."""
+    """Every variable's channels, chosen by its family from the profile; then the leakage guard, the budget and
+    what the statistical-package formats can hold."""
     out = [a for i, v in enumerate(spec.variables) for a in family_of(v).choose(spec, i, v, profile, seed)]
     check_budget(spec, out)
+    if "sav" in spec.formats:
+        check_labels(spec, release_labels(spec, profile, out))
     return out
 
 

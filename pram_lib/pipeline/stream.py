@@ -33,12 +33,13 @@ from pram_lib.families.base import exact
 from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
 from pram_lib.ops.audit import seal_file, sha256_file
+from pram_lib.pipeline import formats
 from pram_lib.pipeline.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
 from pram_lib.spec import ReleaseSpec
 
 PART = "part-{:05d}"
-DATA_DIR = "data"       # the release's Parquet parts: one table, read with pandas.read_parquet(folder / "data")
-CSV_DIR = "csv"         # CSV parts, when the spec asks for CSV
+DATA_DIR = "data"       # the release's Parquet parts: one table, read with pandas.read_parquet(folder / "data");
+                        # csv/, dta/, sav/ hold the other formats' parts (part_files)
 SAMPLE_PURPOSE = 3      # randomness key of the row sample (0: perturbation, 1: DP prior, 2: clustering)
 
 
@@ -410,9 +411,10 @@ class Plan:
     profile_rows: int
     variables: dict[str, object]   # variable -> its family's plan (category orders, strata, centring)
     passthrough_dtypes: dict[str, str]
-    out_dir: str | None            # the staging folder; parts go to out_dir/data (and out_dir/csv)
+    out_dir: str | None            # the staging folder; parts go to out_dir/data (and csv/, dta/, sav/)
     sample_p: float                # share of rows kept in the validation sample
     engine: str = "stream"         # memory: the source is one chunk, written as data.parquet
+    labels: formats.Labels | None = None   # value and variable labels, when the spec asks for dta or sav
 
     def by_column(self, column: str) -> list[Assignment]:
         return [a for a in self.assignments if a.column == column]
@@ -425,11 +427,13 @@ class Plan:
 def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
               out_dir: Path | None, engine: str = "stream", sample_all: bool = False) -> Plan:
     """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory)."""
+    packages = set(spec.formats) & set(formats.WRITERS)
     return Plan(spec, seed, tuple(assignments), profile.n_rows,
                 {v.key: family_of(v).plan(v, profile) for v in spec.variables},
                 {c: info["dtype"] for c, info in profile.passthrough.items()},
                 None if out_dir is None else str(out_dir),
-                1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine)
+                1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine,
+                formats.release_labels(spec, profile, assignments) if packages else None)
 
 
 @dataclass
@@ -467,8 +471,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     frame = pd.DataFrame(released, index=pd.RangeIndex(len(df)))
     if plan.out_dir is not None:
         chunk = None if plan.engine == "memory" else ref.index
-        res.files = part_files(chunk, spec.csv)
-        res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files) or {}
+        res.files = part_files(chunk, spec.formats)
+        res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files, plan.labels) or {}
     keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
     res.sample_at = ref.start + np.flatnonzero(keep)
@@ -483,10 +487,10 @@ class _PartWriter:
     def __init__(self, pool):
         self.pool, self.last, self.lock, self.sealed = pool, None, threading.Lock(), {}
 
-    def __call__(self, frame, out_dir, chunk, files) -> None:
+    def __call__(self, frame, out_dir, chunk, files, labels=None) -> None:
         with self.lock:
             self.wait()
-            self.last = self.pool.submit(_write_now, frame, out_dir, chunk, files)
+            self.last = self.pool.submit(_write_now, frame, out_dir, chunk, files, labels)
 
     def wait(self) -> None:
         if self.last is not None:
@@ -530,26 +534,35 @@ def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
     return _perturb_chunks(plan, iter_chunks(plan.spec), on_chunk)
 
 
-def part_files(chunk: int | None, csv: bool) -> list[str]:
-    """The files of one chunk of the release: data/part-NNNNN.parquet (and csv/part-NNNNN.csv); of an
-    in-memory release (`chunk` None): data.parquet (and data.csv)."""
+def part_files(chunk: int | None, data_formats: list[str]) -> list[str]:
+    """The files of one chunk of the release, one per format (parquet first, always): data/part-NNNNN.parquet,
+    then csv/part-NNNNN.csv, dta/part-NNNNN.dta, sav/part-NNNNN.sav as asked; of an in-memory release (`chunk`
+    None): data.parquet, data.csv, data.dta, data.sav."""
+    rest = [f for f in data_formats if f != "parquet"]
     if chunk is None:
-        return ["data.parquet", "data.csv"] if csv else ["data.parquet"]
-    return [f"{DATA_DIR}/{PART.format(chunk)}.parquet"] + ([f"{CSV_DIR}/{PART.format(chunk)}.csv"] if csv else [])
+        return ["data.parquet"] + [f"data.{f}" for f in rest]
+    return [f"{DATA_DIR}/{PART.format(chunk)}.parquet"] + [f"{f}/{PART.format(chunk)}.{f}" for f in rest]
 
 
-def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str]) -> dict[str, dict]:
-    """Write one chunk's files; flush them and return their manifest entries."""
+def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str],
+               labels: formats.Labels | None = None) -> dict[str, dict]:
+    """Write one chunk's files; flush them and return their manifest entries. `labels`: the value and variable
+    labels of the .dta and .sav files."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    sealed = {}
+    sealed, table = {}, None
     for name in files:
         (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        if name.endswith(".parquet"):
+        kind = name.rsplit(".", 1)[-1]
+        if kind == "parquet":
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
-        else:
+        elif kind == "csv":
             frame.to_csv(out_dir / name, index=False)
+        else:
+            if table is None:
+                table = formats.package_table(frame, labels or formats.Labels())
+            formats.WRITERS[kind](table, out_dir / name)
         sealed[name] = seal_file(out_dir / name)
     return sealed
 
