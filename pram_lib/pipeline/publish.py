@@ -537,7 +537,12 @@ def data_files_section(spec: ReleaseSpec) -> list[str]:
     files = part_files(None if one else 0, spec.formats)
     names = files if one else [f.replace("part-00000", "part-*") for f in files]
     parquet = "data.parquet" if one else "data"
-    L = ["```python\nimport json, pandas as pd\nfrom pram_lib.core.channel import Channel\n"
+    L = ["Tables, means and regressions corrected for the channels, with intervals (`pram-release analyze . "
+         "table A B`, `mean X --by A`, `regress 'Y ~ A + B'`, or in Python):", "",
+         "```python\nfrom pram_lib.analysis import open_release\nr = open_release('.')\n"
+         "r.table(['A', 'B']); r.mean('X', by='A'); r.regress('Y ~ A + B', family='binomial')\n```", "",
+         "The raw pieces:", "",
+         "```python\nimport json, pandas as pd\nfrom pram_lib.core.channel import Channel\n"
          "doc = json.load(open('channels.json'))\nch = Channel.from_dict(doc['channels'][0])\n"
          f"data = pd.read_parquet('{parquet}')\n```", "",
          f"`{CHANNELS_SCHEMA}` is the JSON Schema of `channels.json`: what every field means, enough to rebuild "
