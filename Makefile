@@ -33,11 +33,12 @@ $(BENCH_STAMP): requirements-bench.txt | $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_SITE) -r requirements-bench.txt
 	touch $(BENCH_STAMP)
 
-# issue 6's four benchmarks and benchmarks/RESULTS.md (about 15 minutes, 10^8-row release included)
+# the scale benchmarks and benchmarks/RESULTS.md (about 22 minutes, 10^8-row releases included)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.bench_optimal_pram --scaling-only
 	$(BIN)/python -m benchmarks.bench_perturb
 	$(BIN)/python -m benchmarks.bench_release
+	$(BIN)/python -m benchmarks.bench_analysis
 	$(BIN)/python -m benchmarks.bench_fixed_cost
 	$(BIN)/python -m benchmarks.bench_estimate
 	$(BIN)/python -m benchmarks.results_md
