@@ -154,7 +154,8 @@ def _design(dec: Deconvolver, axes: list[int], cats: list[str], reference: dict)
     """Dummy design d(c) over the true cells of the covariate axes (row-major): intercept + K−1 per covariate,
     against the covariate's reference category (default: its first)."""
     dims = [dec.true_dims[a] for a in axes]
-    cells = np.array(list(itertools.product(*(range(d) for d in dims))), dtype=int).reshape(-1, len(dims))
+    cells = np.array(list(itertools.product(*(range(d) for d in dims))), dtype=int).reshape(-1, len(dims)) \
+        if dims else np.zeros((1, 0), dtype=int)
     cols, names = [np.ones(len(cells))], ["(Intercept)"]
     for j, (a, c) in enumerate(zip(axes, cats)):
         labels = list(dec.true_labels[a])
@@ -223,6 +224,8 @@ def _gaussian(release, formula, y, cat, num, confidence, reference) -> Regressio
     naive.true_labels = [list(x) for x in naive.labels]
     Dn, _ = _design(naive, list(range(len(cat))), cat, reference)
     nfit = _normal_equations(naive, raw_cells, Dn, layout, r, raw_cells.n)
+    if Dn.shape[1] != D.shape[1]:   # a non-square channel releases other categories: no naive fit per term
+        nfit = (np.full(len(names), np.nan),) * 2
     method = ("corrected normal equations (cell sums of unbiased pseudo-values inverted through the channels); "
               f"delta-method (sandwich) standard errors; Wald intervals at {confidence:.0%}. Naive: OLS on the "
               "released values, sandwich standard errors")

@@ -65,5 +65,10 @@ def open_release(folder: str | Path, *, verify: bool = True) -> Release:
     except (OSError, ValueError) as e:
         raise ReleaseError(f"{cj}: cannot be read as JSON ({e})") from None
     files = data_files(folder)
-    names = list(pq.ParquetFile(files[0]).schema_arrow.names)
+    try:
+        names = list(pq.ParquetFile(files[0]).schema_arrow.names)
+    except (OSError, ValueError) as e:
+        raise ReleaseError(f"{files[0]}: cannot be read as Parquet ({e}); the release is damaged") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("channels"), list):
+        raise ReleaseError(f"{cj}: has no list `channels`; is it a pram-release channels.json?")
     return Release(folder, doc, files, names)

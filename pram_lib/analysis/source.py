@@ -101,6 +101,16 @@ def _float(x) -> float:
 
 def read_channels(doc: dict, where: str) -> dict[str, object]:
     """Column name → what its channel is, from a channels.json document."""
+    try:
+        return _read_channels(doc, where)
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        if isinstance(e, ReleaseError):
+            raise
+        what = f"field {e.args[0]!r} is missing" if isinstance(e, KeyError) else f"an entry is malformed ({e})"
+        raise ReleaseError(f"{where}: {what}; the file does not follow channels.schema.json") from None
+
+
+def _read_channels(doc: dict, where: str) -> dict[str, object]:
     out: dict[str, object] = {}
     cat: dict[str, list[dict]] = {}
     for i, e in enumerate(doc.get("channels", [])):
@@ -276,8 +286,6 @@ class ReleaseData:
               feature_columns: Sequence[str] = (), n_features: int = 0, products: bool = False) -> Cells:
         """Count the released cells of the categorical `columns` in one pass over the data, summing
         `features({column: float array}) -> (rows, n_features)` by cell (and their outer products if asked)."""
-        import pyarrow.parquet as pq
-
         columns = list(columns)
         books = []
         for c in columns:
@@ -295,41 +303,39 @@ class ReleaseData:
         pairs = [(a, b) for a in range(n_features) for b in range(a, n_features)]
         read = list(dict.fromkeys(columns + list(feature_columns)))
         rows = dropped = 0
-        for f in self.files:
-            pf = pq.ParquetFile(f)
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=read):
-                m = batch.num_rows
-                rows += m
-                codes = [b.codes(batch.column(c)) for b, c in zip(books, columns)]
-                dims_now = [len(b.labels) for b in books]
-                for ax, d in enumerate(dims_now):
-                    counts, sums, prods = _grow(counts, ax, d), _grow(sums, ax, d), _grow(prods, ax, d)
-                ok = np.ones(m, dtype=bool)
-                for c in codes:
-                    ok &= c >= 0
-                values = None
-                if features:
-                    values = np.asarray(features({c: _numbers(batch.column(c)) for c in feature_columns}),
-                                        dtype=float).reshape(m, n_features)
-                    ok &= np.all(np.isfinite(values), axis=1)
-                dropped += int(m - ok.sum())
-                if columns:
-                    cell = np.ravel_multi_index(tuple(c[ok] for c in codes), dims_now) if ok.any() else \
-                        np.zeros(0, dtype=np.int64)
-                else:
-                    cell = np.zeros(int(ok.sum()), dtype=np.int64)
-                size = int(np.prod(dims_now, dtype=np.int64))
-                counts += np.bincount(cell, minlength=size).reshape(dims_now)
-                if features:
-                    v = values[ok]
-                    for l in range(n_features):
-                        sums[..., l] += np.bincount(cell, weights=v[:, l], minlength=size).reshape(dims_now)
-                    if prods is not None:
-                        for a, b in pairs:
-                            s = np.bincount(cell, weights=v[:, a] * v[:, b], minlength=size).reshape(dims_now)
-                            prods[..., a, b] += s
-                            if a != b:
-                                prods[..., b, a] += s
+        for _, batch in _batches(self.files, read):
+            m = batch.num_rows
+            rows += m
+            codes = [b.codes(batch.column(c)) for b, c in zip(books, columns)]
+            dims_now = [len(b.labels) for b in books]
+            for ax, d in enumerate(dims_now):
+                counts, sums, prods = _grow(counts, ax, d), _grow(sums, ax, d), _grow(prods, ax, d)
+            ok = np.ones(m, dtype=bool)
+            for c in codes:
+                ok &= c >= 0
+            values = None
+            if features:
+                values = np.asarray(features({c: _numbers(batch.column(c)) for c in feature_columns}),
+                                    dtype=float).reshape(m, n_features)
+                ok &= np.all(np.isfinite(values), axis=1)
+            dropped += int(m - ok.sum())
+            if columns:
+                cell = np.ravel_multi_index(tuple(c[ok] for c in codes), dims_now) if ok.any() else \
+                    np.zeros(0, dtype=np.int64)
+            else:
+                cell = np.zeros(int(ok.sum()), dtype=np.int64)
+            size = int(np.prod(dims_now, dtype=np.int64))
+            counts += np.bincount(cell, minlength=size).reshape(dims_now)
+            if features:
+                v = values[ok]
+                for l in range(n_features):
+                    sums[..., l] += np.bincount(cell, weights=v[:, l], minlength=size).reshape(dims_now)
+                if prods is not None:
+                    for a, b in pairs:
+                        s = np.bincount(cell, weights=v[:, a] * v[:, b], minlength=size).reshape(dims_now)
+                        prods[..., a, b] += s
+                        if a != b:
+                            prods[..., b, a] += s
         labels = [b.labels for b in books]
         # public columns: labels in a stable order that does not depend on how the data was split into parts
         for ax, b in enumerate(books):
@@ -341,6 +347,21 @@ class ReleaseData:
                 sums = None if sums is None else np.take(sums, order, axis=ax)
                 prods = None if prods is None else np.take(prods, order, axis=ax)
         return Cells(tuple(columns), labels, counts, sums, prods, rows, dropped, pairs)
+
+
+def _batches(files: list[Path], columns: list[str]):
+    """(file, record batch) over the release's data, a damaged file named in a ReleaseError."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        try:
+            pf = pq.ParquetFile(f)
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+                yield f, batch
+        except (OSError, ValueError) as e:
+            if isinstance(e, ReleaseError):
+                raise
+            raise ReleaseError(f"{f}: cannot be read as Parquet ({e}); the release is damaged") from None
 
 
 def _sort_key(label: str):
