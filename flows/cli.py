@@ -1,4 +1,4 @@
-"""`pram-release`: run | check | ui | verify | analyze."""
+"""`pram-release`: run | check | plan | ui | verify | analyze."""
 
 from __future__ import annotations
 
@@ -73,6 +73,39 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"this release reserves {need:.4g} ({'fits' if used + need <= pop.cap + 1e-9 else 'REFUSED: over the cap'})")
     print("nothing written.")
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Predicted standard errors and interval half-widths of SPEC's estimates, before any ε is spent."""
+    from pram_lib.pipeline.plan import check_out, default_out, plan_release, render, write_plan
+    from pram_lib.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+        out = check_out(spec, Path(args.out) if args.out else default_out(spec))
+        plan = plan_release(spec, rows=args.rows, read_source=not args.no_source)
+        files = write_plan(plan, spec, out)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the source or a prior file unreadable, the plan folder not writable
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(plan), end="")
+    curves = sum(f.suffix == ".png" for f in files)
+    print(f"\nwritten: {out} (plan.txt, plan.csv, {curves} curve{'s' if curves != 1 else ''}); nothing published, "
+          "no ε spent, no ledger or audit entry.")
+    return 0
+
+
+def _positive_rows(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the planned number of records is a whole number > 0")
+    return n
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -379,6 +412,17 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("plan", help="predict the standard errors and interval half-widths of SPEC's estimates at "
+                       "its ε and on a grid of ε (table, plan.csv, a curve per variable); spends no ε, publishes "
+                       "nothing")
+    p.add_argument("spec")
+    p.add_argument("--out", default=None, help="folder for plan.txt, plan.csv and the curves (default "
+                   "<private_store>/plans/<release>-<UTC time>/; never inside `output:`)")
+    p.add_argument("--rows", type=_positive_rows, default=None, help="the planned number of records (overrides "
+                   "the spec's `rows:`)")
+    p.add_argument("--no-source", action="store_true", help="do not open the source even for the domain of a "
+                   "column the spec does not declare (such variables are then not planned)")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("ui", help="start a local Prefect server + UI on 127.0.0.1 (database under .prefect-home)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--home", default=".prefect-home")

@@ -172,6 +172,8 @@ class ReleaseSpec(_Strict):
     output: str = "releases"
     private_store: str = "private"
     budget: float = Field(gt=0)
+    rows: int | None = Field(default=None, description="the planned number of records (public); only "
+                             "`pram-release plan` reads it: a release counts its source")
     population: PopulationSpec | None = None
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool | None = None          # the older switch: `csv: true` means csv is in `formats`
@@ -196,6 +198,13 @@ class ReleaseSpec(_Strict):
     def _budget_finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("budget must be a finite number > 0 (an infinite budget checks nothing)")
+        return v
+
+    @field_validator("rows", mode="before")
+    @classmethod
+    def _rows_whole(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ValueError("rows must be a whole number > 0 (the planned number of records)")
         return v
 
     @field_validator("formats")
@@ -361,6 +370,9 @@ def _located(fname: str, marks: dict, exc: ValidationError) -> SpecError:
     if loc[:1] == ("formats",) and err["type"] != "extra_forbidden":
         fix = FORMATS_FIX if "contradicts" not in problem else \
             "drop `csv:` (the older switch): `formats:` alone says which files are written"
+    if loc[:1] == ("rows",) and err["type"] != "extra_forbidden":
+        fix = ("write the planned number of records as a whole number, e.g. `rows: 32561` (public information; "
+               "only `pram-release plan` reads it)")
     if problem.startswith("true/false is not a number"):
         fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
     return SpecError(fname, line, col, _dotted(loc), problem, found, fix)

@@ -1,0 +1,550 @@
+"""Accuracy planning (`pram-release plan`): the standard errors a release would publish, predicted before any ε
+is spent, from the spec's public information only.
+
+For each categorical variable the channel is built as the release builds it (the family's own constructors) from
+a *public planning prior* p: `prior: uniform`, a prior file's probabilities, or, where the release would read the
+data (`prior: data`, `prior: {dp: ε0}`), the uniform prior. The released value of a record drawn from p has the
+distribution m = M^T p, and the unbiased estimate p̂ = G m̂ (G = M^{-T}, or the least-squares left inverse for a
+non-square M) has
+
+    Cov(p̂) = (G diag(m) G^T − p p^T) / n,
+
+exactly, for n records drawn from p (the released counts are Mult(n, m)); the estimator's published se is this
+formula at m̂. Half-widths are z_{(1+confidence)/2} se. A group (multi-RR) publishes each attribute through its
+cluster's sub-tuple channel (K-ary RR with keep' = keep + (K_C/K_sub − 1) move) and every 2-way table (within a
+cluster the sub-tuple channel, across clusters the Kronecker product of the two); it is planned under a uniform
+prior over every cell (attributes independent and uniform).
+
+n is the spec's `rows:` (or `--rows`), else the total of a prior file's `count` column. The frequencies of the
+source are never read; its *domain* (the set of values of a categorical column, which the release publishes in
+channels.json) is read when the spec does not declare it, unless `read_source=False`. Nothing here touches the
+ledger, the audit log or the output folder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.special import ndtri
+
+from pram_lib.channels import multi_rr as mr
+from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, NonIdentifiableError, _ops
+from pram_lib.core.model import NO_STRATUM, GroupProfile, VariableProfile
+from pram_lib.families import family_of
+from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
+                                           count_values, declared_categories)
+from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, measured_clusters
+from pram_lib.spec import ReleaseSpec, SpecError
+
+GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
+LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")               # categorical channels built at a stated ε
+ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of records: public information, read "
+            "only by `pram-release plan`), or give `--rows N`")
+
+
+# -- closed forms ---------------------------------------------------------------------------------------
+def share_variance(channel, p: np.ndarray, n: float) -> np.ndarray | None:
+    """Var of each share's unbiased estimate: diag(G diag(m) G^T − p p^T) / n with m = M^T p (the estimator's own
+    operators, O(S) for a keep-uniform channel); None when the estimator would refuse the channel as singular."""
+    try:
+        ops = _ops(channel)
+    except NonIdentifiableError:
+        return None
+    cond = ops.condition()
+    if not np.isfinite(cond) or cond > DEFAULT_MAX_CONDITION:
+        return None
+    p = np.asarray(p, dtype=float)
+    return np.maximum(ops.var_diag(ops.mt(p), p), 0.0) / n
+
+
+def rr_table_variance(P: np.ndarray, keeps, n: float) -> np.ndarray:
+    """Var of each cell's unbiased estimate for a table P whose axis t goes through its own K_t-ary RR (keep
+    keeps[t], each other cell (1 − keep)/(K_t − 1)), the axes independently: the Kronecker channel.
+
+    With d = keep − move and q = move, M_t = d I + q 11^T and G_t = (I − q 11^T)/d, so G_t∘G_t =
+    ((1 − 2q) I + q² 11^T)/d² and n Var = (⊗_t G_t∘G_t) m − P², m = (⊗_t M_t^T) P; O(cells) per axis."""
+    P = np.asarray(P, dtype=float)
+    m = P
+    steps = []
+    for axis, keep in enumerate(keeps):
+        k = P.shape[axis]
+        q = (1.0 - keep) / (k - 1) if k > 1 else 0.0
+        d = keep - q
+        m = d * m + q * m.sum(axis=axis, keepdims=True)
+        steps.append((axis, q, d))
+    a = m
+    for axis, q, d in steps:
+        a = ((1.0 - 2.0 * q) * a + q * q * a.sum(axis=axis, keepdims=True)) / (d * d)
+    return np.maximum(a - P * P, 0.0) / n
+
+
+def z_value(confidence: float) -> float:
+    return float(ndtri(0.5 + confidence / 2.0))
+
+
+# -- what a plan holds ------------------------------------------------------------------------------------
+@dataclass
+class Estimand:
+    """One distribution a release publishes: a variable's (or attribute's) shares, or a 2-way table."""
+
+    name: str                          # the variable or attribute, or 'a × b'
+    kind: str                          # share | table
+    labels: list[tuple[str, ...]]      # per cell: (category,) or (category_a, category_b)
+    planning: np.ndarray               # the planning share of each cell
+    se: dict[float, np.ndarray] = field(default_factory=dict)   # planned ε -> se per cell (NaN: not identifiable)
+    method: str = ""                   # how the release estimates it
+
+
+@dataclass
+class VariablePlan:
+    """The plan of one spec entry: its estimands on a grid of ε, or why it is not planned."""
+
+    key: str
+    channel: str
+    kind: str                          # categorical | group | continuous
+    spec_epsilon: float | None = None  # the level the spec states (for fixed matrices: the matrix's ε)
+    extra_epsilon: float = 0.0         # ε spent besides the channel's: a DP prior's ε0, measuring dependence
+    grid: list[float] = field(default_factory=list)
+    rows: int | None = None
+    rows_from: str = ""
+    notes: list[str] = field(default_factory=list)
+    estimands: list[Estimand] = field(default_factory=list)
+    not_planned: str | None = None
+
+
+@dataclass
+class AccuracyPlan:
+    spec_path: str
+    release: str
+    confidence: float
+    variables: list[VariablePlan]
+    source_read: list[str]             # the columns whose domain was read from the source
+
+
+# -- n and the domains --------------------------------------------------------------------------------------
+def _reference(spec: ReleaseSpec, i: int, v) -> pd.DataFrame:
+    """A variable's prior file (public), with the errors the release gives."""
+    path = spec.resolve(v.prior.file)
+    if not path.is_file():
+        raise spec.error(("variables", i, "prior", "file"), "prior file not found", str(path), "fix the path")
+    try:
+        ref = pd.read_csv(path, dtype={"category": "str"})
+    except (ValueError, OSError) as exc:   # not CSV, not UTF-8, empty
+        raise spec.error(("variables", i, "prior", "file"), "cannot read the prior file", f"{path}: {exc}",
+                         "give a UTF-8 CSV with columns category,probability (or category,count)") from None
+    if "category" not in ref.columns or not {"probability", "count"} & set(ref.columns):
+        raise spec.error(("variables", i, "prior", "file"), "prior file needs columns `category` and "
+                         "`probability` (or `count`)", list(ref.columns), "rename its columns")
+    return ref
+
+
+def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[int, str]]:
+    """{variable: (n, where n comes from)} for every categorical variable and group; SpecError when one has none."""
+    if rows is not None:
+        given = (int(rows), "--rows")
+    elif spec.rows is not None:
+        given = (spec.rows, "`rows:` in the spec")
+    else:
+        given = None
+    out, lacking = {}, []
+    for i, v in enumerate(spec.variables):
+        kind = family_of(v).kind
+        if kind == "continuous":
+            continue
+        if given is not None:
+            out[v.key] = given
+        elif kind == "categorical" and isinstance(v.prior, PriorFile) and "count" in _reference(spec, i, v).columns:
+            total = float(pd.to_numeric(_reference(spec, i, v)["count"], errors="coerce").sum(min_count=1))
+            if not (math.isfinite(total) and total >= 1):
+                raise spec.error(("variables", i, "prior", "file"), "the prior file's counts do not sum to a "
+                                 "positive number of records", total, ROWS_FIX)
+            out[v.key] = (int(round(total)), f"the total of the `count` column of {v.prior.file} (the size of "
+                          "the public reference)")
+        else:
+            lacking.append(v.key)
+    if lacking:
+        raise spec.error(("rows",), "planning needs the number of records a release will have, and the spec "
+                         "states none (no `rows:`, no prior file with a `count` column) for "
+                         f"{', '.join(lacking)}", None, ROWS_FIX)
+    return out
+
+
+def _declared_domain(spec: ReleaseSpec, i: int, v) -> tuple[tuple, str] | None:
+    if v.categories is not None:
+        return declared_categories(v), "declared in the spec (`categories:`)"
+    if isinstance(v.prior, PriorFile):
+        cats = tuple(sorted({str(c) for c in _reference(spec, i, v)["category"]}))
+        return cats, f"the categories of the public prior file {v.prior.file}"
+    return None
+
+
+def source_domains(spec: ReleaseSpec, keys: set[str]) -> dict[str, object]:
+    """The domains the release would find in the source, for the variables and groups in `keys`: the values of
+    their columns only (the frequencies are counted as the release counts them, then dropped)."""
+    from pram_lib.pipeline import stream
+
+    stream.check_source(spec)
+    wanted = [(i, v) for i, v in enumerate(spec.variables) if v.key in keys]
+    parts: dict[str, object] = {}
+    for ref, df in stream.iter_chunks(spec):
+        for i, v in wanted:
+            if family_of(v).kind == "group":
+                part = GroupPart([count_values(df, [c]) for c in v.columns])
+            else:
+                part = family_of(v).profile_chunk(spec, i, v, df, ref.start, 0)
+            parts[v.key] = part if v.key not in parts else parts[v.key] + part
+    out = {}
+    for i, v in wanted:
+        empty = GroupPart([Counter() for _ in v.columns]) if family_of(v).kind == "group" else Counter()
+        profile = family_of(v).finish_profile(spec, i, v, parts.get(v.key, empty))
+        out[v.key] = profile.categories
+    return out
+
+
+# -- planning ----------------------------------------------------------------------------------------------
+def _grid(level: float) -> list[float]:
+    return sorted({float(level), *GRID})
+
+
+def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: str, n: int, n_from: str) \
+        -> VariablePlan:
+    k = len(cats)
+    vp = VariablePlan(v.key, v.channel, "categorical", rows=n, rows_from=n_from)
+    vp.notes.append(f"domain: {k} categories, {domain_from}")
+    if k < 2:
+        vp.not_planned = "fewer than 2 categories: nothing to estimate"
+        return vp
+    planning = v.prior if isinstance(v.prior, PriorFile) or v.prior == "uniform" else "uniform"
+    chosen_from_prior = v.channel in DATA_PRIOR_CHANNELS
+    if isinstance(v.prior, PriorFile):
+        vp.notes.append(f"planning prior: the public prior file {v.prior.file}"
+                        + (" (the release's own)" if chosen_from_prior else ""))
+    elif chosen_from_prior and v.prior == "uniform":
+        vp.notes.append("planning prior: uniform (the release's own)")
+    elif chosen_from_prior:
+        what = ("the source's frequencies" if v.prior == "data" else
+                f"a DP histogram of the source (ε0 = {v.prior.dp:g})")
+        vp.notes.append(f"planning prior: uniform (the release chooses the matrix from {what}, which planning "
+                        "does not read: the released matrix and its standard errors will differ)")
+    else:
+        vp.notes.append("planning prior: uniform (the channel does not depend on the data; the shares it is "
+                        "planned at are an assumption)")
+    if v.strata:
+        vp.notes.append(f"strata {', '.join(v.strata)}: planned for the overall shares, assuming every stratum "
+                        "has the same channel and planning shares (true of a uniform or file prior)")
+    if isinstance(v.prior, PriorDP):
+        vp.extra_epsilon = v.prior.dp
+        vp.notes.append(f"ε spent = the channel's ε + ε0 ({v.prior.dp:g}, the DP histogram)")
+    if v.missing == "keep":
+        vp.notes.append("n counts the records with a value (missing values are released as missing)")
+
+    base = v.model_copy(update={"prior": planning})
+    shares = (choose_prior(spec, i, base, np.zeros(k), cats, 0, 0)[0] if isinstance(planning, PriorFile)
+              else np.full(k, 1.0 / k))
+    est = Estimand(v.key, "share", [(c,) for c in cats], shares, method="unbiased (inversion)")
+    no_data = VariableProfile(v.column, cats, False, (), [NO_STRATUM], {NO_STRATUM: np.zeros(k)}, {NO_STRATUM: 0})
+    levels = _grid(v.epsilon) if v.channel in LEVEL_CHANNELS else [None]   # None: a fixed matrix, one point
+    for level in levels:
+        w = base if level is None else base.model_copy(update={"alpha": level, "gamma": None})
+        ch, _, _ = _channel(spec, i, w, np.zeros(k), cats, 0, 0, NO_STRATUM, no_data)
+        level = float(ch.epsilon) if level is None else level
+        var = share_variance(ch, shares, n)
+        est.se[level] = np.full(k, np.nan) if var is None else np.sqrt(var)
+        if var is None:
+            vp.notes.append(f"at ε = {level:.4g} the channel is singular: the release could not estimate the "
+                            "shares (the estimator refuses it)")
+    vp.spec_epsilon = v.epsilon if levels[0] is not None else level
+    vp.grid = sorted(est.se)
+    vp.estimands.append(est)
+    if levels[0] is None:
+        vp.notes.append("a fixed matrix: one point, at the matrix's ε")
+    return vp
+
+
+def _group_channel(spec: ReleaseSpec, i: int, v, cats: list, level: float):
+    if measured_clusters(v):   # the clusters come from the data: planned as singletons (the same ε split)
+        return mr.group_channel(dict(zip(v.columns, cats)), [(j,) for j in range(len(v.columns))], level,
+                                method="rr-clusters")
+    w = v.model_copy(update={"alpha": level, "gamma": None})
+    return choose_group(spec, i, w, GroupProfile(v.key, tuple(v.columns), cats, None, {}), 0)
+
+
+def _plan_group(spec: ReleaseSpec, i: int, v, cats: list, domain_from: str, n: int, n_from: str) -> VariablePlan:
+    vp = VariablePlan(v.key, v.channel, "group", spec_epsilon=v.epsilon, extra_epsilon=v.dependence_epsilon,
+                      rows=n, rows_from=n_from, grid=_grid(v.epsilon))
+    vp.notes.append(f"domains: {', '.join(f'{a} {len(c)}' for a, c in zip(v.columns, cats))} categories, "
+                    f"{domain_from}")
+    vp.notes.append("planning prior: uniform over every cell (attributes independent and uniform)")
+    if measured_clusters(v):
+        vp.notes.append(f"clusters: measured on randomized data by the release (ε = {v.dependence_epsilon:g}, "
+                        "added to the ε spent); planned as one cluster per attribute (what Algorithm 1 gives when "
+                        "no dependence passes T_d)")
+    sizes = [len(c) for c in cats]
+    shares = [Estimand(a, "share", [(str(x),) for x in c], np.full(len(c), 1.0 / len(c)),
+                       method="unbiased (the cluster's sub-tuple channel)") for a, c in zip(v.columns, cats)]
+    pairs = [(a, b) for a in range(len(sizes)) for b in range(a + 1, len(sizes)) if sizes[a] * sizes[b] <= MAX_PAIR_CELLS]
+    tables = [Estimand(f"{v.columns[a]} × {v.columns[b]}", "table",
+                       [(str(x), str(y)) for x in cats[a] for y in cats[b]],
+                       np.full(sizes[a] * sizes[b], 1.0 / (sizes[a] * sizes[b]))) for a, b in pairs]
+    skipped = [f"{v.columns[a]} × {v.columns[b]}" for a in range(len(sizes)) for b in range(a + 1, len(sizes))
+               if sizes[a] * sizes[b] > MAX_PAIR_CELLS]
+    if skipped:
+        vp.notes.append(f"not published (more than {MAX_PAIR_CELLS:,} cells): {', '.join(skipped)}")
+    for level in vp.grid:
+        ch = _group_channel(spec, i, v, cats, level)
+        subs = [mr._sub_keep(ch, ch.cluster_of(j), [j]) for j in range(len(sizes))]
+        if level == vp.grid[0]:
+            how = " (declared public)" if v.clustering is not None and v.clustering.public else \
+                " (planned)" if measured_clusters(v) else ""
+            vp.notes.append(f"clusters{how}: " + " | ".join(f"{' + '.join(ch.attributes[j] for j in c)} ({k:,} cells)"
+                                                      for c, k in zip(ch.clusters, ch.cluster_sizes)))
+        se_attr = []
+        for est, (k, keep) in zip(shares, subs):
+            se = np.sqrt(rr_table_variance(np.full(k, 1.0 / k), [keep], n))
+            est.se[level] = se
+            se_attr.append(se)
+        for est, (a, b) in zip(tables, pairs):
+            ka, kb = sizes[a], sizes[b]
+            uniform = np.full((ka, kb), 1.0 / (ka * kb))
+            ca, cb = ch.cluster_of(a), ch.cluster_of(b)
+            if ca == cb:
+                k, keep = mr._sub_keep(ch, ca, [a, b])
+                se = np.sqrt(rr_table_variance(uniform.reshape(-1), [keep], n))
+                est.method = "unbiased (within a cluster: the sub-tuple channel)"
+            elif ka * kb <= mr.KRON_MAX_CELLS:
+                se = np.sqrt(rr_table_variance(uniform, [subs[a][1], subs[b][1]], n)).reshape(-1)
+                est.method = "unbiased (across clusters: the Kronecker channel)"
+            else:   # the release's estimate beyond the Kronecker limit: the product, delta-method se
+                pa, pb = np.full(ka, 1.0 / ka), np.full(kb, 1.0 / kb)
+                se = np.sqrt((np.outer(se_attr[a], pb) ** 2 + np.outer(pa, se_attr[b]) ** 2).reshape(-1))
+                est.method = (f"independence product (more than {mr.KRON_MAX_CELLS:,} cells across clusters; "
+                              "delta-method se)")
+            est.se[level] = se
+    vp.estimands = shares + tables
+    if vp.extra_epsilon:
+        vp.notes.append(f"ε spent = the release ε + {vp.extra_epsilon:g} (measuring dependence)")
+    return vp
+
+
+def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool = True) -> AccuracyPlan:
+    """The plan of every variable of `spec` (see the module docstring). SpecError: no n, a bad prior file, a
+    domain that cannot be known (read_source=False and none declared) is a note, not an error."""
+    n_of = planned_rows(spec, rows)
+    domains: dict[str, tuple[object, str]] = {}
+    need_source = set()
+    for i, v in enumerate(spec.variables):
+        kind = family_of(v).kind
+        if kind == "categorical":
+            d = _declared_domain(spec, i, v)
+            if d is None:
+                need_source.add(v.key)
+            else:
+                domains[v.key] = d
+        elif kind == "group":
+            need_source.add(v.key)
+    read = []
+    if need_source and read_source:
+        found = source_domains(spec, need_source)
+        for key, cats in found.items():
+            domains[key] = (cats, "read from the source (its values only, as the release finds them; declare "
+                                  "`categories:` to plan without opening it)")
+        read = [c for v in spec.variables if v.key in need_source for c in v.names]
+    out = []
+    for i, v in enumerate(spec.variables):
+        kind = family_of(v).kind
+        if kind == "continuous":
+            out.append(VariablePlan(v.key, v.channel, kind, not_planned="the noise is calibrated on the confidential "
+                                    "data (its scale follows the source's spread), so its accuracy cannot be "
+                                    "planned without it"))
+            continue
+        if v.key not in domains:
+            why = ("a group's domains are its columns' values in the source" if kind == "group" else
+                   "the domain is not declared (`categories:`)")
+            out.append(VariablePlan(v.key, v.channel, kind, not_planned=f"{why}, and the source was not opened"))
+            continue
+        cats, how = domains[v.key]
+        n, n_from = n_of[v.key]
+        if kind == "categorical":
+            out.append(_plan_categorical(spec, i, v, tuple(cats), how, n, n_from))
+        else:
+            out.append(_plan_group(spec, i, v, [list(c) for c in cats], how, n, n_from))
+    return AccuracyPlan(str(spec.path), spec.release, spec.confidence, out, read)
+
+
+# -- output ------------------------------------------------------------------------------------------------
+def _pct(confidence: float) -> str:
+    return f"{100 * confidence:.4g}%"
+
+
+def _fmt_eps(e: float) -> str:
+    return "inf" if math.isinf(e) else f"{e:.4g}"
+
+
+def _summary(estimands: list[Estimand], level: float, z: float) -> tuple[float, float]:
+    """(largest, median) half-width over the cells of the estimands at ε = level."""
+    hw = np.concatenate([z * e.se[level] for e in estimands]) if estimands else np.array([np.nan])
+    if np.isnan(hw).all():
+        return math.nan, math.nan
+    return float(np.nanmax(hw)), float(np.nanmedian(hw))
+
+
+def plan_frame(plan: AccuracyPlan) -> pd.DataFrame:
+    """Every planned number: one row per cell, estimand and ε (plan.csv)."""
+    z = z_value(plan.confidence)
+    frames = []
+    for vp in plan.variables:
+        for est in vp.estimands:
+            for level, se in est.se.items():
+                frames.append(pd.DataFrame({
+                    "variable": vp.key, "channel": vp.channel, "estimand": est.name, "kind": est.kind,
+                    "category": [lab[0] for lab in est.labels],
+                    "category_b": [lab[1] if len(lab) > 1 else "" for lab in est.labels],
+                    "epsilon": level, "epsilon_spent": level + vp.extra_epsilon,
+                    "spec_epsilon": bool(vp.spec_epsilon is not None and math.isclose(level, vp.spec_epsilon)),
+                    "rows": vp.rows, "planning_share": est.planning, "se": se, "half_width": z * se,
+                    "confidence": plan.confidence, "method": est.method}))
+    columns = ["variable", "channel", "estimand", "kind", "category", "category_b", "epsilon", "epsilon_spent",
+               "spec_epsilon", "rows", "planning_share", "se", "half_width", "confidence", "method"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def render(plan: AccuracyPlan) -> str:
+    """The printed plan: per variable its shares at the spec's ε, then the largest and median half-width per ε."""
+    z, hw = z_value(plan.confidence), f"±{_pct(plan.confidence)}"
+    L = [f"accuracy plan of {plan.spec_path} (release '{plan.release}'): predicted standard errors (se) and "
+         f"{_pct(plan.confidence)} interval half-widths ({hw}) of the unbiased estimates the release publishes.",
+         "Planned from the spec alone: no frequency of the source is read, no ε is spent, nothing is published."
+         + (f" The domains of {', '.join(plan.source_read)} were read from the source (values only)."
+            if plan.source_read else "")]
+    for vp in plan.variables:
+        L.append("")
+        if vp.not_planned:
+            L.append(f"{vp.key}: {vp.channel}: not planned: {vp.not_planned}")
+            continue
+        spent = f" (ε spent {_fmt_eps(vp.spec_epsilon + vp.extra_epsilon)})" if vp.extra_epsilon else ""
+        gamma = f", γ = {math.exp(vp.spec_epsilon):.4g}" if math.isfinite(vp.spec_epsilon) and vp.spec_epsilon < 700 \
+            else ""
+        L.append(f"{vp.key}: {vp.channel} at ε = {_fmt_eps(vp.spec_epsilon)}{gamma}{spent}; n = {vp.rows:,} "
+                 f"({vp.rows_from})")
+        L += [f"  {note}" for note in vp.notes]
+        shares = [e for e in vp.estimands if e.kind == "share"]
+        tables = [e for e in vp.estimands if e.kind == "table"]
+        at = vp.spec_epsilon
+        for est in shares:
+            head = "category" if vp.kind == "categorical" else est.name
+            width = min(max([len(head)] + [len(lab[0]) for lab in est.labels]), 30)
+            L.append(f"  {head:<{width}} {'share':>8} {'se':>9} {hw:>9}")
+            for lab, p, se in zip(est.labels, est.planning, est.se[at]):
+                L.append(f"  {lab[0][:width]:<{width}} {p:>8.4f} {se:>9.5f} {z * se:>9.5f}")
+        if tables:
+            width = max(len("2-way table"), *(len(t.name) for t in tables))
+            L.append(f"  {'2-way table':<{width}} {'cells':>6} {'largest ' + hw:>15} {'median ' + hw:>14}  method")
+            for t in tables:
+                big, med = _summary([t], at, z)
+                L.append(f"  {t.name:<{width}} {len(t.labels):>6} {big:>15.5f} {med:>14.5f}  {t.method}")
+        if len(vp.grid) > 1:
+            if tables:
+                L.append(f"  {'ε':>7} {'shares: largest ' + hw:>24} {'median':>9} {'tables: largest ' + hw:>24} "
+                         f"{'median':>9}")
+            else:
+                L.append(f"  {'ε':>7} {'largest ' + hw:>15} {'median ' + hw:>14}")
+            for level in vp.grid:
+                mark = "*" if math.isclose(level, at) else " "
+                big, med = _summary(shares, level, z)
+                row = f"  {_fmt_eps(level) + mark:>7} {big:>{24 if tables else 15}.5f} {med:>{9 if tables else 14}.5f}"
+                if tables:
+                    tb, tm = _summary(tables, level, z)
+                    row += f" {tb:>24.5f} {tm:>9.5f}"
+                L.append(row)
+            L.append("  (* the spec's ε)")
+    return "\n".join(L) + "\n"
+
+
+def _curve(vp: VariablePlan, confidence: float, path: Path) -> None:
+    """Largest and median half-width against ε (log-log), the spec's ε marked; a group: shares and tables apart."""
+    from pram_lib.pipeline.publish import _fit_layout, _gc_paused, _new_figure, _plot_label
+
+    z = z_value(confidence)
+    panels = [("shares", [e for e in vp.estimands if e.kind == "share"])]
+    if any(e.kind == "table" for e in vp.estimands):
+        panels.append(("2-way tables", [e for e in vp.estimands if e.kind == "table"]))
+    with _gc_paused():
+        fig, axes = _new_figure(6.0 * len(panels), 4.2, len(panels))
+        for ax, (title, ests) in zip(axes, panels):
+            for c, est in enumerate(ests):
+                xs = np.array(vp.grid)
+                big, med = np.array([_summary([est], x, z) for x in xs]).T
+                name = "" if vp.kind == "categorical" else f"{_plot_label(est.name)}: "
+                color = f"C{c % 10}"
+                if np.allclose(big, med, rtol=1e-9, equal_nan=True):   # every cell alike (a uniform prior)
+                    ax.plot(xs, big, "o-", color=color, label=f"{name}every cell" if name else "every cell")
+                else:
+                    ax.plot(xs, big, "o-", color=color, label=f"{name}largest")
+                    ax.plot(xs, med, "s--", color=color, label=f"{name}median", alpha=0.7)
+            if math.isfinite(vp.spec_epsilon):
+                ax.axvline(vp.spec_epsilon, color="k", linestyle=":", linewidth=1,
+                           label=f"the spec's ε = {_fmt_eps(vp.spec_epsilon)}")
+            if len(vp.grid) > 1:
+                from matplotlib.ticker import FixedLocator, NullFormatter
+
+                ax.set_xscale("log")
+                ticks = [x for x in (0.25, 0.5, 1, 2, 4, 8) if vp.grid[0] <= x <= vp.grid[-1]]
+                ax.xaxis.set_major_locator(FixedLocator(ticks))
+                ax.set_xticklabels([f"{x:g}" for x in ticks])
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_yscale("log")
+            spent = f" (spent: + {vp.extra_epsilon:g})" if vp.extra_epsilon else ""
+            ax.set_xlabel(("ε of the channel" if vp.kind == "categorical" else "ε of the group's release") + spent)
+            ax.set_ylabel(f"{_pct(confidence)} interval half-width")
+            ax.set_title(f"{_plot_label(vp.key)}: {title}, n = {vp.rows:,}", fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        _fit_layout(fig)
+        fig.savefig(path, dpi=100, metadata={"Software": None})
+
+
+def default_out(spec: ReleaseSpec, now: datetime | None = None) -> Path:
+    """<private_store>/plans/<release>-<UTC time>/."""
+    now = now or datetime.now(timezone.utc)
+    return spec.resolve(spec.private_store) / "plans" / f"{spec.release}-{now.strftime('%Y%m%dT%H%M%S%fZ')}"
+
+
+def check_out(spec: ReleaseSpec, out: Path) -> Path:
+    """The folder a plan is written to: never in the release output folder, never over existing files."""
+    out = Path(out).expanduser().resolve()
+    public = spec.resolve(spec.output).resolve()
+    if out.is_relative_to(public):
+        raise SpecError(str(spec.path), None, None, "--out", f"the plan would be written into the "
+                        f"release output folder {public}, where releases are published", str(out),
+                        "give --out a folder outside `output:` (the default is <private_store>/plans/)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SpecError(str(spec.path), None, None, "--out", "the folder exists and is not empty", str(out),
+                        "give a new or empty folder")
+    return out
+
+
+def write_plan(plan: AccuracyPlan, spec: ReleaseSpec, out: Path) -> list[Path]:
+    """plan.txt (the printed plan), plan.csv (every number) and one PNG per planned variable or group."""
+    from pram_lib.pipeline.publish import file_stem
+
+    out = check_out(spec, out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "plan.txt", out / "plan.csv"]
+    files[0].write_text(render(plan), encoding="utf-8")
+    plan_frame(plan).to_csv(files[1], index=False)
+    taken = {"plan"}
+    for vp in plan.variables:
+        if vp.not_planned:
+            continue
+        stem = file_stem(vp.key)
+        stem = stem if stem.lower() not in taken else f"{stem}-{len(taken)}"
+        taken.add(stem.lower())
+        files.append(out / f"{stem}.png")
+        _curve(vp, plan.confidence, files[-1])
+    return files
