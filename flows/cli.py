@@ -24,10 +24,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pram_lib.families import family_of
     from pram_lib.ops.audit import sha256_file
     from pram_lib.pipeline import release, stream
+    from pram_lib.pipeline.plan import resolve_targets, target_line
     from pram_lib.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(args.spec)
+        spec = resolve_targets(load_spec(args.spec))   # a `target:` becomes its ε, as the release resolves it
         seed = secrets.randbits(128)
         run = spec.on_engine(spec.engine.mode)   # the profile pass, as the release would do it
         if run.engine.address:
@@ -50,6 +51,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             if a.column == v.key:
                 print(family_of(v).check_line(a))
     spent = sum(release.spent_by_variable(assignments).values())
+    for v in spec.variables:
+        if getattr(v, "target_details", None) is not None:
+            print(f"{v.key}: {target_line(spec, v)}")
     print(f"budget: epsilon {spent:.4g} of {spec.budget:g} per record ({spec.budget - spent:.4g} left)")
     noise = [a.column for a in assignments if isinstance(a.guarantee, NotDP)]
     if noise:

@@ -14,7 +14,7 @@ from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, V
 
 from pram_lib.core.strict import Strict as _Strict
 from pram_lib.families import BY_CHANNEL, REGISTRY, family_of
-from pram_lib.families.base import LEAK_FIX, leak_problem  # noqa: F401 (the spec's errors, re-exported)
+from pram_lib.families.base import LEAK_FIX, TARGET_FIX, Target, leak_problem  # noqa: F401 (re-exported)
 from pram_lib.families.categorical import MIN_PRIOR_ROWS, PriorDP, PriorFile  # noqa: F401 (re-exported)
 from pram_lib.families.group import Clustering  # noqa: F401 (re-exported)
 from pram_lib.families.noise import Protection  # noqa: F401 (re-exported)
@@ -172,8 +172,8 @@ class ReleaseSpec(_Strict):
     output: str = "releases"
     private_store: str = "private"
     budget: float = Field(gt=0)
-    rows: int | None = Field(default=None, description="the planned number of records (public); only "
-                             "`pram-release plan` reads it: a release counts its source")
+    rows: int | None = Field(default=None, description="the planned number of records (public); read by "
+                             "`pram-release plan` and to resolve a `target:` (a release counts its source)")
     population: PopulationSpec | None = None
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool | None = None          # the older switch: `csv: true` means csv is in `formats`
@@ -372,7 +372,12 @@ def _located(fname: str, marks: dict, exc: ValidationError) -> SpecError:
             "drop `csv:` (the older switch): `formats:` alone says which files are written"
     if loc[:1] == ("rows",) and err["type"] != "extra_forbidden":
         fix = ("write the planned number of records as a whole number, e.g. `rows: 32561` (public information; "
-               "only `pram-release plan` reads it)")
+               "read by `pram-release plan` and to resolve a `target:`)")
+    if "`target:`" in problem:
+        fix = TARGET_FIX
+    elif "target" in loc and err["type"] != "extra_forbidden":
+        fix = ("write e.g. `target: {halfwidth: 0.01, share_at_least: 0.05}` or `target: {relative: 0.1}` (README: "
+               "`target:` in the spec reference)")
     if problem.startswith("true/false is not a number"):
         fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
     return SpecError(fname, line, col, _dotted(loc), problem, found, fix)
@@ -438,17 +443,25 @@ def check_spec(spec: ReleaseSpec) -> None:
         family_of(v).check_spec(spec, i, v)
     if spec.engine.mode != "memory":
         check_streamable(spec, spec.engine.mode)
+    check_static_budget(spec)
+
+
+def check_static_budget(spec: ReleaseSpec) -> None:
+    """The ε the spec states fits the budget and the population's cap (a `target:` counts once it is resolved:
+    pram_lib.pipeline.plan.resolve_targets checks again)."""
     spent = static_budget(spec)
+    targets = [v.key for v in spec.variables if getattr(v, "target", None) is not None and v.epsilon is not None]
+    loosen = " or loosen a `target:` (" + ", ".join(targets) + ")" if targets else ""
     if spec.population is not None and spent > spec.population.cap + 1e-12:
         raise spec.error(("population", "cap"), f"this release alone spends ε = {spent:.4g}, over the population's "
-                         "cap", spec.population.cap, "lower the variables' levels (the cap bounds every release "
-                         "of the population together)")
+                         "cap", spec.population.cap, f"lower the variables' levels{loosen} (the cap bounds every "
+                         "release of the population together)")
     if spent > spec.budget + 1e-12:
-        parts = ", ".join(f"{v.key}={family_of(v).static_epsilon(v):.4g}" for v in spec.variables
-                          if family_of(v).static_epsilon(v) > 0)
+        parts = ", ".join(f"{v.key}={family_of(v).static_epsilon(v):.4g}" + (" (target)" if v.key in targets else "")
+                          for v in spec.variables if family_of(v).static_epsilon(v) > 0)
         raise spec.error(("budget",), f"the variables spend ε = {spent:.4g} in total (sequential composition: "
                          f"{parts}), over the budget", spec.budget,
-                         "raise `budget:` or lower the variables' alpha/gamma")
+                         f"raise `budget:` or lower the variables' alpha/gamma{loosen}")
 
 
 def _inside(a: Path, b: Path) -> bool:

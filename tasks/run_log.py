@@ -10,6 +10,7 @@ from prefect import get_run_logger
 
 from pram_lib.ops import audit, journal, ledger
 from pram_lib.pipeline import release
+from pram_lib.pipeline.plan import resolve_targets
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.steps import _JOURNALS, _flow_run_id, _transient, step
 
@@ -20,7 +21,7 @@ def load_spec_task(spec_path: str) -> ReleaseSpec:
         raise SpecError(spec_path, None, None, "spec_path", f"no spec file at this path, read from the working "
                         f"directory {os.getcwd()}", fix="give an absolute path, or a path relative to the checkout "
                         "the deployment was made from (run `prefect deploy` from the checkout)")
-    return load_spec(spec_path)
+    return resolve_targets(load_spec(spec_path))   # a `target:` becomes its ε before the ledger reserves
 
 
 @step("start-run")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pram_lib.pipeline import publish, release, stream
+from pram_lib.pipeline.plan import resolve_targets
 from pram_lib.spec import ReleaseSpec, load_spec
 
 PASSED_GATE = {"gx": {"statistics": {}, "rows": [], "success": True}, "statistical": [], "passed": True}
@@ -23,7 +24,7 @@ class LocalRelease:
 
 def publish_locally(spec_path: Path, seed: int, engine: str | None = None) -> LocalRelease:
     """Profile, choose, perturb and write (parts when the engine reads chunks), estimate, publish."""
-    loaded = load_spec(spec_path)
+    loaded = resolve_targets(load_spec(spec_path))   # as the flow's load-spec step does
     spec = loaded.on_engine(engine or loaded.engine.mode)
     stream.check_source(spec)
     profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))

@@ -16,7 +16,7 @@ import math
 from typing import Any, Protocol
 
 import pandas as pd
-from pydantic import field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from pram_lib.core.strict import Strict
 
@@ -183,11 +183,79 @@ class OneColumn(Strict):
         return []
 
 
+TARGET_FIX = ("state one of them: `alpha:` (or `gamma:`) for a level, or `target: {halfwidth: 0.01, share_at_least: "
+              "0.05}` (or `relative: 0.1`) for the accuracy to reach; README: `target:`")
+
+
+class Target(Strict):
+    """An accuracy to reach instead of a stated level: the smallest ε whose predicted interval half-width meets
+    it for every category whose planning share is at least `share_at_least` (pram_lib.pipeline.plan resolves it)."""
+
+    halfwidth: float | None = Field(default=None, description="largest interval half-width, in share units")
+    relative: float | None = Field(default=None, description="largest half-width as a fraction of the share")
+    share_at_least: float = Field(default=0.0, description="the target applies to categories with at least this "
+                                  "planning share (0: every category)")
+    confidence: float | None = Field(default=None, description="level of the interval (default: the spec's "
+                                     "`confidence:`)")
+    max_epsilon: float | None = Field(default=None, description="largest ε the target may take")
+
+    @field_validator("halfwidth")
+    @classmethod
+    def _halfwidth_share(cls, v: float | None) -> float | None:
+        if v is not None and not (0 < v < 1):
+            raise ValueError("target halfwidth is in share units: a number in (0, 1), e.g. 0.01 for ±1 point")
+        return v
+
+    @field_validator("relative")
+    @classmethod
+    def _relative_positive(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise ValueError("target relative is the half-width over the share: a finite number > 0, e.g. 0.1")
+        return v
+
+    @field_validator("share_at_least")
+    @classmethod
+    def _share_in_range(cls, v: float) -> float:
+        if not (0 <= v < 1):
+            raise ValueError("target share_at_least is a share: a number in [0, 1)")
+        return v
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidence_level(cls, v: float | None) -> float | None:
+        if v is not None and not (0.5 < v < 1):
+            raise ValueError("target confidence is the interval's level: a number in (0.5, 1), e.g. 0.95")
+        return v
+
+    @field_validator("max_epsilon")
+    @classmethod
+    def _cap_finite(cls, v: float | None) -> float | None:
+        if v is not None and not (1e-3 <= v and math.isfinite(v)):
+            raise ValueError("target max_epsilon must be a finite number >= 0.001 (the search starts at ε = 0.001)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_measure(self) -> "Target":
+        if (self.halfwidth is None) == (self.relative is None):
+            raise ValueError("a target gives `halfwidth:` (absolute, in share units) or `relative:` (half-width / "
+                             "share), exactly one")
+        return self
+
+    def describe(self, confidence: float) -> str:
+        """'±0.01 for shares ≥ 0.05 at 95%' (the target as `check` and the plan print it)."""
+        how = f"±{self.halfwidth:g}" if self.halfwidth is not None else f"±{100 * self.relative:.4g}% of the share"
+        where = f"shares ≥ {self.share_at_least:g}" if self.share_at_least > 0 else "every share"
+        return f"{how} for {where} at {pct(confidence)}"
+
+
 class StatedLevel(Strict):
-    """A spec model's privacy level, stated as alpha (ε) or gamma (e^ε)."""
+    """A spec model's privacy level, stated as alpha (ε) or gamma (e^ε), or as an accuracy `target:` that
+    pram_lib.pipeline.plan.resolve_targets turns into alpha (the release then reads it as if stated)."""
 
     alpha: float | None = None
     gamma: float | None = None
+    target: Target | None = None
+    _resolved: dict | None = PrivateAttr(default=None)   # what resolving the target found (channels.json details)
 
     @field_validator("alpha")
     @classmethod
@@ -204,15 +272,36 @@ class StatedLevel(Strict):
         return v
 
     def _one_level(self, required: bool) -> None:
+        stated = [k for k in ("alpha", "gamma", "target") if getattr(self, k) is not None]
         if self.alpha is not None and self.gamma is not None:
             raise ValueError("give either alpha or gamma, not both (gamma = e^alpha)")
-        if required and self.alpha is None and self.gamma is None:
-            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`")
+        if len(stated) > 1:
+            raise ValueError(f"give a level or a target, not both: {' and '.join(stated)} (a `target:` finds its "
+                             "own alpha)")
+        if required and not stated:
+            raise ValueError(f"channel {self.channel} needs a privacy level: add `alpha:` or `gamma:`, or an "
+                             "accuracy `target:`")
 
     @property
     def epsilon(self) -> float | None:
-        """The stated level as ε (None when none is stated)."""
+        """The stated (or resolved) level as ε (None when none is stated, or a target is not resolved yet)."""
         return self.alpha if self.alpha is not None else math.log(self.gamma) if self.gamma is not None else None
+
+    @property
+    def unresolved_target(self) -> bool:
+        """A `target:` whose ε is not known yet (pram_lib.pipeline.plan.resolve_targets finds it)."""
+        return self.target is not None and self.alpha is None
+
+    @property
+    def target_details(self) -> dict | None:
+        """The resolved target, as channels.json records it in the entry's details (None without a target)."""
+        return self._resolved
+
+
+def unresolved_target_error(spec, i: int, v) -> Exception:
+    return spec.error(("variables", i, "target"), f"the target of {v.key!r} has not been resolved to an ε", None,
+                      "resolve the spec first (pram_lib.pipeline.plan.resolve_targets; `pram-release check`, "
+                      "`plan` and `run` do)")
 
 
 def pct(level: float) -> str:

@@ -24,7 +24,8 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import LEAK_FIX, PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, leak_problem, pct
+from pram_lib.families.base import (LEAK_FIX, PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, leak_problem,
+                                    pct, unresolved_target_error)
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 PERTURB = 0                      # randomness key purpose of the perturbation
@@ -87,8 +88,8 @@ class CategoricalVariable(OneColumn, StatedLevel):
             raise ValueError(f"`matrix:` is only for channel pram-custom, not {self.channel}")
         if self.channel == "pram-invariant" and self.min_diagonal is None:
             raise ValueError("channel pram-invariant needs `min_diagonal:` (smallest keep probability)")
-        if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma):
-            raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma")
+        if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma or self.target):
+            raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma/target")
         if self.channel == "rr-uniform" and self.prior != "data":
             raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
         if self.channel == "pram-optimal" and self.strata and "prior" not in self.model_fields_set:
@@ -264,17 +265,21 @@ def choose_prior(spec, i: int, v, counts: np.ndarray, cats: tuple,
 
 
 
-def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp):
-    """The channel of one stratum: (channel, prior label, prior ε0)."""
+def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp,
+             prior: tuple[np.ndarray, str] | None = None):
+    """The channel of one stratum: (channel, prior label, prior ε0). `prior`: (p, label) already chosen (planning
+    builds one variable's channel at many ε)."""
     from pram_lib.channels.pram import optimal_pram
     from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr, usable_epsilon
 
     none = "none (channel does not depend on the data)"
+    if v.unresolved_target:
+        raise unresolved_target_error(spec, i, v)
     if v.channel == "rr-uniform":
         return uniform_rr(len(cats), epsilon=v.epsilon, variable=v.column, categories=cats), none, 0.0
     if v.channel == "pram-custom":
         return custom_channel(np.asarray(v.matrix, dtype=float), cats, variable=v.column), none, 0.0
-    p, prior_label = choose_prior(spec, i, v, counts, cats, seed, j, stratum_label(vp.strata_columns, key))
+    p, prior_label = prior or choose_prior(spec, i, v, counts, cats, seed, j, stratum_label(vp.strata_columns, key))
     if v.channel == "pram-optimal":
         return (optimal_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats), prior_label,
                 v.prior_epsilon)
@@ -310,10 +315,12 @@ class Categorical(Family):
             return v.prior_epsilon + v.epsilon
         if v.channel == "pram-custom":
             return v.prior_epsilon + dense_epsilon(np.asarray(v.matrix, dtype=float))
-        return v.prior_epsilon   # pram-invariant: its matrix's ε follows from the data (epsilon_from_data)
+        # pram-invariant: its matrix's ε follows from the data; an unresolved target: from resolving it (both
+        # epsilon_from_data, so the ledger reserves the budget until it is known)
+        return v.prior_epsilon
 
     def epsilon_from_data(self, v):
-        return v.channel == "pram-invariant" and not v.public
+        return (v.channel == "pram-invariant" or v.unresolved_target) and not v.public
 
     def text_columns(self, v):
         return [v.column]
@@ -489,6 +496,8 @@ class Categorical(Family):
             d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
                      stratum_key=[None if x is None else str(x) for x in a.stratum],
                      prior=a.prior, prior_epsilon=a.prior_epsilon)
+            if v.target_details is not None:
+                d["details"]["target"] = v.target_details
             out.append(d)
         return out
 

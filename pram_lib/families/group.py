@@ -23,7 +23,7 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, k
 from pram_lib.core.randomness import at_row
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct
+from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct, unresolved_target_error
 from pram_lib.families.categorical import count_values
 
 PERTURB = 0
@@ -152,6 +152,8 @@ def group_codes_of(v, cats: list[list[str]], df: pd.DataFrame) -> np.ndarray:
 
 def choose_group(spec, i: int, v, gp: GroupProfile, seed: int):
     """RR-Independent / RR-Joint / RR-Clusters for a group; clusters come from randomized data only."""
+    if v.unresolved_target:
+        raise unresolved_target_error(spec, i, v)
     cats = {a: c for a, c in zip(gp.attributes, gp.categories)}
     if v.channel == "rr-independent":
         return mr.rr_independent(cats, v.epsilon)
@@ -275,7 +277,10 @@ class Group(Family):
     spec_model = GroupVariable
 
     def static_epsilon(self, v):
-        return v.epsilon + v.dependence_epsilon
+        return (v.epsilon or 0.0) + v.dependence_epsilon   # an unresolved target: known once resolved
+
+    def epsilon_from_data(self, v):
+        return v.unresolved_target
 
     def released_names(self, v, i):
         out = [(col, ("variables", i, "columns", j), "a variable") for j, col in enumerate(v.columns)]
@@ -433,6 +438,8 @@ class Group(Family):
                  convention_group="each cluster is K-ary RR on the product of its attributes' categories "
                                   "(cells in row-major order, first attribute most significant): keep the "
                                   "true cell w.p. keep, else each other cell w.p. move_each")
+        if v.target_details is not None:
+            d["details"] = {**d.get("details", {}), "target": v.target_details}
         return [d]
 
 

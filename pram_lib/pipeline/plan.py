@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,15 +38,16 @@ from pram_lib.channels import multi_rr as mr
 from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, NonIdentifiableError, _ops
 from pram_lib.core.model import NO_STRATUM, GroupProfile, VariableProfile
 from pram_lib.families import family_of
+from pram_lib.families.base import Target
 from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
                                            count_values, declared_categories)
 from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, measured_clusters
-from pram_lib.spec import ReleaseSpec, SpecError
+from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
 GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
 LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")               # categorical channels built at a stated ε
 ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of records: public information, read "
-            "only by `pram-release plan`), or give `--rows N`")
+            "by `pram-release plan` and to resolve a `target:`), or give `--rows N`")
 
 
 # -- closed forms ---------------------------------------------------------------------------------------
@@ -144,6 +146,21 @@ def _reference(spec: ReleaseSpec, i: int, v) -> pd.DataFrame:
     return ref
 
 
+def _rows_of(spec: ReleaseSpec, i: int, v, given: tuple[int, str] | None) -> tuple[int, str] | None:
+    """(n, where n comes from) of one categorical variable or group: `given`, else its prior file's counts."""
+    if given is not None:
+        return given
+    if family_of(v).kind == "categorical" and isinstance(v.prior, PriorFile) and \
+            "count" in _reference(spec, i, v).columns:
+        total = float(pd.to_numeric(_reference(spec, i, v)["count"], errors="coerce").sum(min_count=1))
+        if not (math.isfinite(total) and total >= 1):
+            raise spec.error(("variables", i, "prior", "file"), "the prior file's counts do not sum to a "
+                             "positive number of records", total, ROWS_FIX)
+        return int(round(total)), f"the total of the `count` column of {v.prior.file} (the size of the public " \
+                                  "reference)"
+    return None
+
+
 def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[int, str]]:
     """{variable: (n, where n comes from)} for every categorical variable and group; SpecError when one has none."""
     if rows is not None:
@@ -154,20 +171,13 @@ def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[
         given = None
     out, lacking = {}, []
     for i, v in enumerate(spec.variables):
-        kind = family_of(v).kind
-        if kind == "continuous":
+        if family_of(v).kind == "continuous":
             continue
-        if given is not None:
-            out[v.key] = given
-        elif kind == "categorical" and isinstance(v.prior, PriorFile) and "count" in _reference(spec, i, v).columns:
-            total = float(pd.to_numeric(_reference(spec, i, v)["count"], errors="coerce").sum(min_count=1))
-            if not (math.isfinite(total) and total >= 1):
-                raise spec.error(("variables", i, "prior", "file"), "the prior file's counts do not sum to a "
-                                 "positive number of records", total, ROWS_FIX)
-            out[v.key] = (int(round(total)), f"the total of the `count` column of {v.prior.file} (the size of "
-                          "the public reference)")
-        else:
+        found = _rows_of(spec, i, v, given)
+        if found is None:
             lacking.append(v.key)
+        else:
+            out[v.key] = found
     if lacking:
         raise spec.error(("rows",), "planning needs the number of records a release will have, and the spec "
                          "states none (no `rows:`, no prior file with a `count` column) for "
@@ -212,6 +222,25 @@ def _grid(level: float) -> list[float]:
     return sorted({float(level), *GRID})
 
 
+def _planning_channels(spec: ReleaseSpec, i: int, v, cats: tuple) \
+        -> tuple[np.ndarray, Callable[[float | None], object]]:
+    """(the planning shares, ε -> the channel the release would build from the public planning prior at ε; at
+    None: the fixed matrix of pram-custom or pram-invariant)."""
+    k = len(cats)
+    planning = v.prior if isinstance(v.prior, PriorFile) or v.prior == "uniform" else "uniform"
+    base = v.model_copy(update={"prior": planning})
+    prior = (choose_prior(spec, i, base, np.zeros(k), cats, 0, 0) if isinstance(planning, PriorFile)
+             else (np.full(k, 1.0 / k), "uniform"))
+    shares = prior[0]
+    no_data = VariableProfile(v.column, cats, False, (), [NO_STRATUM], {NO_STRATUM: np.zeros(k)}, {NO_STRATUM: 0})
+
+    def build(level: float | None):
+        w = base if level is None else base.model_copy(update={"alpha": level, "gamma": None})
+        return _channel(spec, i, w, np.zeros(k), cats, 0, 0, NO_STRATUM, no_data, prior=prior)[0]
+
+    return shares, build
+
+
 def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: str, n: int, n_from: str) \
         -> VariablePlan:
     k = len(cats)
@@ -220,7 +249,6 @@ def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: st
     if k < 2:
         vp.not_planned = "fewer than 2 categories: nothing to estimate"
         return vp
-    planning = v.prior if isinstance(v.prior, PriorFile) or v.prior == "uniform" else "uniform"
     chosen_from_prior = v.channel in DATA_PRIOR_CHANNELS
     if isinstance(v.prior, PriorFile):
         vp.notes.append(f"planning prior: the public prior file {v.prior.file}"
@@ -244,15 +272,13 @@ def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: st
     if v.missing == "keep":
         vp.notes.append("n counts the records with a value (missing values are released as missing)")
 
-    base = v.model_copy(update={"prior": planning})
-    shares = (choose_prior(spec, i, base, np.zeros(k), cats, 0, 0)[0] if isinstance(planning, PriorFile)
-              else np.full(k, 1.0 / k))
+    if v.target_details is not None:
+        vp.notes.append(target_note(spec, v))
+    shares, build = _planning_channels(spec, i, v, cats)
     est = Estimand(v.key, "share", [(c,) for c in cats], shares, method="unbiased (inversion)")
-    no_data = VariableProfile(v.column, cats, False, (), [NO_STRATUM], {NO_STRATUM: np.zeros(k)}, {NO_STRATUM: 0})
     levels = _grid(v.epsilon) if v.channel in LEVEL_CHANNELS else [None]   # None: a fixed matrix, one point
     for level in levels:
-        w = base if level is None else base.model_copy(update={"alpha": level, "gamma": None})
-        ch, _, _ = _channel(spec, i, w, np.zeros(k), cats, 0, 0, NO_STRATUM, no_data)
+        ch = build(level)
         level = float(ch.epsilon) if level is None else level
         var = share_variance(ch, shares, n)
         est.se[level] = np.full(k, np.nan) if var is None else np.sqrt(var)
@@ -278,6 +304,8 @@ def _group_channel(spec: ReleaseSpec, i: int, v, cats: list, level: float):
 def _plan_group(spec: ReleaseSpec, i: int, v, cats: list, domain_from: str, n: int, n_from: str) -> VariablePlan:
     vp = VariablePlan(v.key, v.channel, "group", spec_epsilon=v.epsilon, extra_epsilon=v.dependence_epsilon,
                       rows=n, rows_from=n_from, grid=_grid(v.epsilon))
+    if v.target_details is not None:
+        vp.notes.append(target_note(spec, v))
     vp.notes.append(f"domains: {', '.join(f'{a} {len(c)}' for a, c in zip(v.columns, cats))} categories, "
                     f"{domain_from}")
     vp.notes.append("planning prior: uniform over every cell (attributes independent and uniform)")
@@ -332,9 +360,240 @@ def _plan_group(spec: ReleaseSpec, i: int, v, cats: list, domain_from: str, n: i
     return vp
 
 
+# -- a target instead of a level: the smallest ε that meets it -----------------------------------------------
+SEARCH_LOW, SEARCH_HIGH = 1e-3, 20.0   # ε a target is searched in (the high end: `max_epsilon` when given)
+SEARCH_GRID = 41                       # log-spaced ε where the half-widths are checked to decrease in ε
+SCAN_GRID = 401                        # the dense scan when they do not (up to the first ε that meets)
+BISECT_TOL = 1e-5                      # relative width of the last bracket; ε then has 5 significant digits
+TARGET_LOOSEN = ("loosen the target (a larger `halfwidth:`/`relative:`, a larger `share_at_least:`, a lower "
+                 "`confidence:`), plan for more records (`rows:`), or state the level with `alpha:` instead")
+
+
+@dataclass
+class TargetCurve:
+    """What a target is checked against: ε -> predicted half-width of every share the variable publishes."""
+
+    labels: list[str]                  # 'category' (a variable) or 'attribute=category' (a group)
+    shares: np.ndarray                 # planning shares
+    halfwidths: Callable[[float], np.ndarray | None]   # None: the channel is singular at that ε
+    planning: str                      # where the planning shares come from
+
+
+def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: float) -> TargetCurve:
+    shares, build = _planning_channels(spec, i, v, cats)
+
+    def halfwidths(eps: float) -> np.ndarray | None:
+        var = share_variance(build(eps), shares, n)
+        return None if var is None else z * np.sqrt(var)
+
+    planning = f"the public prior file {v.prior.file}" if isinstance(v.prior, PriorFile) else "uniform"
+    return TargetCurve([str(c) for c in cats], shares, halfwidths, planning)
+
+
+def _group_curve(spec: ReleaseSpec, i: int, v, cats: list, n: int, z: float) -> TargetCurve:
+    sizes = [len(c) for c in cats]
+
+    def halfwidths(eps: float) -> np.ndarray:
+        ch = _group_channel(spec, i, v, cats, eps)
+        keeps = [mr._sub_keep(ch, ch.cluster_of(j), [j])[1] for j in range(len(sizes))]
+        return np.concatenate([z * np.sqrt(rr_table_variance(np.full(k, 1.0 / k), [keep], n))
+                               for k, keep in zip(sizes, keeps)])
+
+    labels = [f"{a}={x}" for a, c in zip(v.columns, cats) for x in c]
+    shares = np.concatenate([np.full(k, 1.0 / k) for k in sizes])
+    return TargetCurve(labels, shares, halfwidths, "uniform over each attribute's categories" +
+                       (" (clusters measured on the data are planned as one per attribute)"
+                        if measured_clusters(v) else ""))
+
+
+def _round_up(x: float, digits: int = 5) -> float:
+    """x rounded up to `digits` significant digits."""
+    e = math.floor(math.log10(x)) - digits + 1
+    q = x / 10.0 ** e
+    return float(f"{math.ceil(q - 1e-9 * q)}e{e}")
+
+
+def smallest_epsilon(halfwidths: Callable[[float], np.ndarray | None], limits: np.ndarray, low: float,
+                     high: float) -> tuple[float | None, str]:
+    """(the smallest ε in [low, high] whose half-widths are all within `limits`, how it was found); (None, ...)
+    when even `high` misses.
+
+    The half-widths of these channels decrease in ε under a fixed prior; that is checked on SEARCH_GRID
+    log-spaced points (every category), and the search bisects between the last grid point that misses and the
+    first that meets. Where they do not decrease, a scan of SCAN_GRID points finds the first ε that meets and
+    bisection refines it inside that step. The bracket (lo, hi] is narrowed to BISECT_TOL (relative); the ε
+    returned is hi to 5 significant digits (rounded to the nearer, else up; one that meets), so ε(1 − 1e-3) lies
+    below lo, where the target is missed."""
+
+    def at(eps: float) -> np.ndarray:
+        hw = halfwidths(eps)
+        return np.full(limits.shape, np.inf) if hw is None else np.asarray(hw, dtype=float)
+
+    def meets(eps: float) -> bool:
+        return bool(np.all(at(eps) <= limits))
+
+    grid = np.geomspace(low, high, SEARCH_GRID)
+    hw = np.array([at(x) for x in grid])
+    with np.errstate(invalid="ignore"):
+        decreasing = bool(np.all((hw[1:] <= hw[:-1] * (1 + 1e-9)) | np.isinf(hw[:-1])))
+    how = f"bisection (half-widths decrease in ε on a {SEARCH_GRID}-point grid)"
+    if not decreasing:
+        grid = np.geomspace(low, high, SCAN_GRID)
+        how = (f"a scan of {SCAN_GRID} ε, then bisection (the half-widths do not decrease in ε everywhere: a "
+               "smaller ε between the scanned points may also meet the target)")
+        j = next((j for j, x in enumerate(grid) if meets(x)), None)
+    else:
+        ok = np.all(hw <= limits, axis=1)
+        j = int(np.argmax(ok)) if ok.any() else None
+    if j is None:
+        return None, how
+    if j == 0:
+        return float(grid[0]), how + f"; met at the smallest ε searched ({low:g})"
+    lo, hi = float(grid[j - 1]), float(grid[j])
+    while hi / lo - 1 > BISECT_TOL:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    for rounded in (float(f"{hi:.5g}"), _round_up(hi)):   # 5 significant digits, the nearer one if it meets
+        if lo < rounded <= high and meets(rounded):
+            return rounded, how
+    return hi, how
+
+
+def _target_domains(spec: ReleaseSpec, pending: list, read_source: bool) -> dict[str, tuple[object, str]]:
+    domains, need = {}, set()
+    for i, v in pending:
+        d = _declared_domain(spec, i, v) if family_of(v).kind == "categorical" else None
+        if d is None:
+            need.add(v.key)
+        else:
+            domains[v.key] = d
+    if need and not read_source:
+        i, v = next((i, v) for i, v in pending if v.key in need)
+        raise spec.error(("variables", i, "target"), f"the target of {v.key!r} is met on the shares of its "
+                         "categories, which the spec does not declare, and the source may not be opened "
+                         "(--no-source)", None, ("declare `categories:`, or " if family_of(v).kind == "categorical"
+                                                 else "") + "plan without --no-source")
+    if need:
+        for key, cats in source_domains(spec, need).items():
+            domains[key] = (cats, "read from the source (its values only)")
+    return domains
+
+
+def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict:
+    """The smallest ε meeting variable i's `target:` under its public planning prior, with what was predicted
+    there (the details channels.json records). SpecError: no n, no category the target applies to, a target out
+    of reach (below `max_epsilon`, or 20)."""
+    t: Target = v.target
+    confidence = t.confidence if t.confidence is not None else spec.confidence
+    group = family_of(v).kind == "group"
+    given = (spec.rows, "`rows:` in the spec") if spec.rows is not None else None
+    rows = _rows_of(spec, i, v, given)
+    if rows is None:
+        raise spec.error(("variables", i, "target"), f"a target is an accuracy for a number of records, and the "
+                         f"spec states none for {v.key!r} (no `rows:`, no prior file with a `count` column)", None,
+                         "declare `rows: N` at the top of the spec (the planned number of records: public "
+                         "information)" + ("" if group or v.channel != "pram-optimal" else ", or plan with a public "
+                         "prior file with a `count` column (`prior: {file: ref.csv}`)") + ", or state the level "
+                         "with `alpha:` instead")
+    n, n_from = rows
+    z = z_value(confidence)
+    curve = (_group_curve(spec, i, v, [list(c) for c in cats], n, z) if group else
+             _categorical_curve(spec, i, v, tuple(cats), n, z))
+    which = curve.shares >= t.share_at_least - 1e-12
+    if not which.any():
+        raise spec.error(("variables", i, "target", "share_at_least"), f"no category of {v.key!r} has a planning "
+                         f"share of at least {t.share_at_least:g} (planning prior: {curve.planning}; the largest "
+                         f"share is {curve.shares.max():.4g})", t.share_at_least,
+                         "lower `share_at_least:`" + ("" if group or v.channel == "rr-uniform" else
+                                                     ", or plan with a public prior `prior: {file: ref.csv}`"))
+    if t.relative is not None and np.any(curve.shares[which] <= 0):
+        raise spec.error(("variables", i, "target", "relative"), "a relative target of a share 0 is a half-width "
+                         "of 0, which no release reaches (the categories are under found)",
+                         [lab for lab, p, w in zip(curve.labels, curve.shares, which) if w and p <= 0][:10],
+                         "set `share_at_least:` above 0")
+    limits = np.full(int(which.sum()), t.halfwidth) if t.halfwidth is not None else t.relative * curve.shares[which]
+
+    def halfwidths(eps: float) -> np.ndarray | None:
+        hw = curve.halfwidths(eps)
+        return None if hw is None else hw[which]
+
+    high = t.max_epsilon if t.max_epsilon is not None else SEARCH_HIGH
+    eps, how = smallest_epsilon(halfwidths, limits, min(SEARCH_LOW, high), high)
+    if eps is None:
+        what = t.describe(confidence)
+        floor = z * np.sqrt(curve.shares[which] * (1 - curve.shares[which]) / n)   # ε = ∞: sampling error alone
+        if np.any(floor > limits):
+            raise spec.error(("variables", i, "target"), f"the target {what} of {v.key!r} is out of reach at any "
+                             f"ε: with n = {n:,} records the sampling error alone (no randomisation) gives a "
+                             f"half-width up to {float(np.max(floor)):.4g}", t.model_dump(exclude_none=True),
+                             TARGET_LOOSEN)
+        if t.max_epsilon is not None and t.max_epsilon < SEARCH_HIGH:
+            need, _ = smallest_epsilon(halfwidths, limits, t.max_epsilon, SEARCH_HIGH)
+            needs = f"it needs ε = {need:.5g}" if need is not None else f"it needs more than ε = {SEARCH_HIGH:g}"
+            raise spec.error(("variables", i, "target", "max_epsilon"), f"the target {what} of {v.key!r} is not "
+                             f"met at ε ≤ max_epsilon = {t.max_epsilon:g}: {needs} (n = {n:,}, planning prior "
+                             f"{curve.planning})", t.max_epsilon,
+                             (f"raise `max_epsilon:` to {need:.5g}, or " + TARGET_LOOSEN) if need is not None
+                             else TARGET_LOOSEN)
+        at_high = halfwidths(high)
+        there = "the channel is singular there" if at_high is None else \
+            f"predicted largest half-width there {float(np.max(at_high)):.4g}"
+        raise spec.error(("variables", i, "target"), f"the target {what} of {v.key!r} is not met at ε ≤ {high:g} "
+                         f"(n = {n:,}; {there})",
+                         t.model_dump(exclude_none=True), TARGET_LOOSEN + (
+                             ", or raise `max_epsilon:`" if t.max_epsilon is not None else ""))
+    hw = halfwidths(eps)
+    details = {"target": {**t.model_dump(exclude_none=True), "confidence": confidence},
+               "epsilon": eps, "rows": n, "rows_from": n_from, "planning_prior": curve.planning,
+               "domain": domain_from, "categories": int(which.sum()), "of_categories": int(which.size),
+               "predicted_largest_halfwidth": float(np.max(hw)), "search": how}
+    if t.relative is not None:
+        details["predicted_largest_relative_halfwidth"] = float(np.max(hw / curve.shares[which]))
+    return details
+
+
+def resolve_targets(spec: ReleaseSpec, read_source: bool = True) -> ReleaseSpec:
+    """The spec with every `target:` resolved to its smallest ε (resolve_target), as if it stated `alpha:`; the
+    budget and the population's cap are checked again. Reads no frequency of the source: only the domains the
+    spec does not declare (as `plan` does; read_source=False refuses them). A spec without an unresolved target
+    comes back as it is."""
+    pending = [(i, v) for i, v in enumerate(spec.variables) if getattr(v, "unresolved_target", False)]
+    if not pending:
+        return spec
+    domains = _target_domains(spec, pending, read_source)
+    variables = list(spec.variables)
+    for i, v in pending:
+        cats, how = domains[v.key]
+        details = resolve_target(spec, i, v, cats, how)
+        w = v.model_copy(update={"alpha": details["epsilon"]})
+        w._resolved = details
+        variables[i] = w
+    out = spec.model_copy(update={"variables": variables})
+    check_static_budget(out)
+    return out
+
+
+def target_line(spec: ReleaseSpec, v) -> str:
+    """'target ±0.01 for shares ≥ 0.05 at 95%: ε = 1.2346 (predicted largest half-width 0.009998)'."""
+    d = v.target_details
+    rel = d.get("predicted_largest_relative_halfwidth")
+    predicted = f"predicted largest half-width {d['predicted_largest_halfwidth']:.4g}" + (
+        f", {100 * rel:.4g}% of its share" if rel is not None else "")
+    return (f"target {v.target.describe(d['target']['confidence'])}: ε = {d['epsilon']:.5g} ({predicted}; "
+            f"{d['categories']} of {d['of_categories']} shares, n = {d['rows']:,})")
+
+
+def target_note(spec: ReleaseSpec, v) -> str:
+    return (f"ε resolved from `target:`, the smallest that meets it under the planning prior: "
+            f"{target_line(spec, v)}")
+
+
+
 def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool = True) -> AccuracyPlan:
     """The plan of every variable of `spec` (see the module docstring). SpecError: no n, a bad prior file, a
-    domain that cannot be known (read_source=False and none declared) is a note, not an error."""
+    domain that cannot be known (read_source=False and none declared) is a note, not an error. A `target:` is
+    resolved first (resolve_targets): its ε is planned as the spec's."""
+    spec = resolve_targets(spec, read_source=read_source)
     n_of = planned_rows(spec, rows)
     domains: dict[str, tuple[object, str]] = {}
     need_source = set()
