@@ -34,14 +34,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 
-from benchmarks.bench_release import run_release, tree_rss
+from benchmarks.bench_release import communicate_sampling_rss, run_release
 from benchmarks.census import write_census, write_spec
 from benchmarks.results_io import measured_note, sig, write_section
 
@@ -131,20 +130,7 @@ def run_child(job: dict) -> dict:
     env = {**os.environ, **SINGLE_THREAD}
     proc = subprocess.Popen([*pin, sys.executable, "-m", "benchmarks.bench_analysis", "--child", json.dumps(job)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak, ps = 0, psutil.Process(proc.pid)
-    stop = threading.Event()
-
-    def sample():
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, tree_rss(ps))
-            time.sleep(0.05)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    out, err = proc.communicate()
-    stop.set()
-    th.join()
+    out, err, peak = communicate_sampling_rss(proc)
     if proc.returncode != 0:
         raise RuntimeError(f"child {job['kind']} failed:\n{err[-4000:]}")
     result = json.loads(out.strip().splitlines()[-1])

@@ -57,6 +57,25 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+def communicate_sampling_rss(proc: subprocess.Popen) -> tuple[str, str, int]:
+    """proc.communicate(), sampling the peak RSS of its process tree every 50 ms meanwhile: (out, err, peak)."""
+    peak, ps = 0, psutil.Process(proc.pid)
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, tree_rss(ps))
+            time.sleep(0.05)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = proc.communicate()
+    stop.set()
+    th.join()
+    return out, err, peak
+
+
 PHASES = {  # task name -> phase of the breakdown table (other tasks of the run are counted as "rest")
     "profile-pass": "pass 1: profile", "profile-chunks": "pass 1: profile",
     "choose-channels": "choose channels",
@@ -102,21 +121,8 @@ def run_release(spec: Path, engine: str, env: dict, pinned: bool = True) -> dict
     proc = subprocess.Popen([*pin, str(ROOT / ".venv" / "bin" / "pram-release"), "run", str(spec), "--engine", engine,
                              "--seed", "20261123"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=ROOT)
-    peak, ps = 0, psutil.Process(proc.pid)
-    stop = threading.Event()
-
-    def sample():
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, tree_rss(ps))
-            time.sleep(0.05)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    out, _ = proc.communicate()
+    out, _, peak = communicate_sampling_rss(proc)
     wall = time.perf_counter() - t0
-    stop.set()
-    th.join()
     if proc.returncode != 0:
         raise RuntimeError(f"release failed ({engine}):\n{out[-4000:]}")
     folder = Path(re.search(r"^release: (.+)$", out, re.M).group(1))
