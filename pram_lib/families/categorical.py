@@ -33,8 +33,8 @@ PERTURB = 0                      # randomness key purpose of the perturbation
 
 # -- the spec of a categorical variable ---------------------------------------------------------------
 MIN_PRIOR_ROWS = 100   # a data prior from fewer rows is refused: one record would move a frequency by > 1 point
-LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")                # the spec states ε (alpha or gamma)
-DATA_PRIOR_CHANNELS = ("pram-optimal", "pram-invariant")       # channels whose matrix is chosen from a prior
+LEVEL_CHANNELS = ("pram-optimal", "pram-accurate", "rr-uniform")   # the spec states ε (alpha or gamma)
+DATA_PRIOR_CHANNELS = ("pram-optimal", "pram-accurate", "pram-invariant")   # matrix chosen from a prior
 
 
 class PriorFile(Strict):
@@ -51,7 +51,7 @@ Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
 class CategoricalVariable(OneColumn, StatedLevel):
     """A categorical variable released through one channel per stratum."""
 
-    channel: Literal["pram-optimal", "rr-uniform", "pram-custom", "pram-invariant"]
+    channel: Literal["pram-optimal", "pram-accurate", "rr-uniform", "pram-custom", "pram-invariant"]
     categories: list[Union[str, int]] | None = None
     matrix: list[list[float]] | None = None
     min_diagonal: float | None = None
@@ -88,11 +88,14 @@ class CategoricalVariable(OneColumn, StatedLevel):
             raise ValueError(f"`matrix:` is only for channel pram-custom, not {self.channel}")
         if self.channel == "pram-invariant" and self.min_diagonal is None:
             raise ValueError("channel pram-invariant needs `min_diagonal:` (smallest keep probability)")
+        if self.channel == "pram-accurate" and self.target is not None:
+            raise ValueError("channel pram-accurate takes alpha or gamma, not target: (its matrix is searched for "
+                             "at each ε, too slow to search over ε); use pram-optimal or rr-uniform with target:")
         if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma or self.target):
             raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma/target")
         if self.channel == "rr-uniform" and self.prior != "data":
             raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
-        if self.channel == "pram-optimal" and self.strata and "prior" not in self.model_fields_set:
+        if self.channel in ("pram-optimal", "pram-accurate") and self.strata and "prior" not in self.model_fields_set:
             # Each stratum's matrix would be chosen from that stratum's raw frequencies (README, `prior:`).
             self.__dict__["prior"] = "uniform"
         if "min_prior_rows" in self.model_fields_set and (self.channel not in DATA_PRIOR_CHANNELS
@@ -199,7 +202,7 @@ def declared_categories(v) -> tuple:
     """A variable's declared domain; with `missing: category`, '<missing>' is part of it (pram-optimal and
     rr-uniform add it; a pram-custom or pram-invariant matrix must list it itself)."""
     cats = tuple(str(c) for c in v.categories)
-    if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "rr-uniform"):
+    if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "pram-accurate", "rr-uniform"):
         cats += (MISSING,)
     return cats
 
@@ -269,6 +272,7 @@ def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int
              prior: tuple[np.ndarray, str] | None = None):
     """The channel of one stratum: (channel, prior label, prior ε0). `prior`: (p, label) already chosen (planning
     builds one variable's channel at many ε)."""
+    from pram_lib.channels.accurate import accurate_pram
     from pram_lib.channels.pram import optimal_pram
     from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr, usable_epsilon
 
@@ -283,6 +287,9 @@ def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int
     if v.channel == "pram-optimal":
         return (optimal_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats), prior_label,
                 v.prior_epsilon)
+    if v.channel == "pram-accurate":
+        return (accurate_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats), prior_label,
+                v.prior_epsilon)
     if np.any(p <= 0):  # pram-invariant
         empty = [c for c, x in zip(cats, p) if x <= 0]
         raise spec.error(("variables", i, "categories" if v.categories is not None else "prior"),
@@ -295,7 +302,7 @@ def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int
 
 class Categorical(Family):
     kind = "categorical"
-    channels = ("pram-optimal", "rr-uniform", "pram-custom", "pram-invariant")
+    channels = ("pram-optimal", "pram-accurate", "rr-uniform", "pram-custom", "pram-invariant")
     slot = "variables"
     spec_model = CategoricalVariable
 

@@ -45,7 +45,7 @@ from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, mea
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
 GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
-LEVEL_CHANNELS = ("pram-optimal", "rr-uniform")               # categorical channels built at a stated ε
+LEVEL_CHANNELS = ("pram-optimal", "pram-accurate", "rr-uniform")   # categorical channels built at a stated ε
 ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of records: public information, read "
             "by `pram-release plan` and to resolve a `target:`), or give `--rows N`")
 

@@ -27,6 +27,7 @@ N = 3_000
 LEVEL = 0.8
 VARIABLES = {
     "pram-optimal": {"column": "size", "channel": "pram-optimal", "alpha": 1.5, "prior": "uniform"},
+    "pram-accurate": {"column": "size", "channel": "pram-accurate", "alpha": 1.5, "prior": "uniform"},
     "rr-uniform": {"column": "size", "channel": "rr-uniform", "gamma": 4.0},
     "pram-custom": {"column": "colour", "channel": "pram-custom", "categories": ["blue", "green", "red"],
                     "matrix": [[0.7, 0.2, 0.1], [0.15, 0.7, 0.15], [0.1, 0.2, 0.7]]},
