@@ -49,6 +49,7 @@ bench-extra: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_gamma
 	$(BIN)/python -m benchmarks.gamma_simulation --reps $(GAMMA_REPS)
 	$(BIN)/python -m benchmarks.bench_multi_rr
+	$(BIN)/python -m benchmarks.bench_accurate
 	$(BIN)/python -m benchmarks.bench_binning
 	$(BIN)/python -m benchmarks.rr_clusters_experiment --runs $(RR_RUNS)
 
