@@ -23,6 +23,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 _HEADER = struct.Struct("!Q")
+# Set by a process that holds the sidecar's modules already (flows.runner's forked copies): a sidecar is then a
+# fork of this process (ready at once) instead of a new interpreter importing GX for 2-3 s.
+FORK_WARM = False
 
 
 class SidecarDied(RuntimeError):
@@ -46,9 +49,12 @@ class Sidecar:
         with self._lock:
             if self.running():
                 return
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "pram_lib.pipeline.sidecar", str(os.getpid()), *self.warm],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+            if FORK_WARM and threading.active_count() == 1:   # forking a threaded process is not safe
+                self._process = _ForkedSidecar(self.warm)
+            else:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "pram_lib.pipeline.sidecar", str(os.getpid()), *self.warm],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
             self._caller = self._caller or ThreadPoolExecutor(1, thread_name_prefix=f"pram-{self.name}")
 
     def running(self) -> bool:
@@ -94,17 +100,73 @@ class Sidecar:
                 self._process = None
 
 
-# One process for both: on 2 cores a second one (importing pandas, scipy and pram_lib again) cost more CPU than
-# running the plots after the suite saved (measured on the demo: wall 7.1 -> 7.9 s).
-GX = PLOTS = Sidecar("sidecar", ("great_expectations", "great_expectations.expectations", "pram_lib.core.validate",
-                                 "pram_lib.pipeline.publish", "matplotlib.figure", "matplotlib.backends.backend_agg"))
-ALL = (GX,)
+class _ForkedSidecar:
+    """A sidecar forked from this process, with the part of subprocess.Popen's interface `Sidecar` uses."""
+
+    def __init__(self, warm: tuple[str, ...]):
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        parent = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(requests_write)
+            os.close(replies_read)
+            try:
+                _serve(parent, list(warm), os.fdopen(requests_read, "rb"), os.fdopen(replies_write, "wb"))
+            finally:
+                os._exit(0)   # never the parent's atexit handlers
+        os.close(requests_read)
+        os.close(replies_write)
+        self.stdin, self.stdout = os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+_WARM = ("great_expectations", "great_expectations.expectations", "pram_lib.core.validate",
+         "pram_lib.pipeline.publish", "matplotlib.figure", "matplotlib.backends.backend_agg")
+GX = Sidecar("sidecar", _WARM)
+_OWN_PLOTS = Sidecar("plots", _WARM)
+
+
+class _Plots:
+    """The plots' sidecar: a process of its own when sidecars are forks (free to start), so that the plots are
+    drawn beside the GX suite; otherwise GX's process after the suite, since on 2 cores a second interpreter
+    importing pandas, scipy and pram_lib again cost more CPU than it saved (demo wall 7.1 -> 7.9 s)."""
+
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
+        return (_OWN_PLOTS if _OWN_PLOTS.running() else GX).submit(fn, *args, **kwargs)
+
+
+PLOTS = _Plots()
+ALL = (GX, _OWN_PLOTS)
 
 
 def start() -> None:
     """Start every sidecar (a release does this first)."""
-    for sidecar in ALL:
-        sidecar.start()
+    GX.start()
+    if FORK_WARM and threading.active_count() == 1:   # never a second interpreter for the plots
+        _OWN_PLOTS.start()
 
 
 def settle() -> None:
@@ -164,12 +226,13 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _serve(parent: int, warm: list[str]) -> None:
-    """The sidecar's loop: import the slow modules, then answer jobs until stdin closes."""
+def _serve(parent: int, warm: list[str], requests=None, replies=None) -> None:
+    """The sidecar's loop: import the slow modules, then answer jobs until the requests end (stdin closes)."""
     import importlib
 
     _die_with(parent)
-    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    if requests is None:
+        requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr   # a print in a job must not corrupt the reply stream
     for name in warm:
         importlib.import_module(name)

@@ -78,3 +78,63 @@ def test_the_sidecar_dies_with_the_process_that_started_it():
 def test_a_call_that_cannot_be_pickled_runs_here(side):
     here = os.getpid()
     assert side.submit(lambda: os.getpid()).result() == here
+
+
+FORKED_SCRIPT = """
+import math, os
+from pram_lib.pipeline import sidecar
+sidecar.FORK_WARM = True
+one = sidecar.Sidecar("forked", ())
+one.start()   # this process has one thread: forking is allowed
+assert isinstance(one._process, sidecar._ForkedSidecar), one._process
+assert one.submit(os.getpid).result() not in (os.getpid(), None)
+assert one.submit(math.comb, 12, 5).result() == 792
+try:
+    one.submit(math.sqrt, -1.0).result()
+    raise SystemExit("no error raised")
+except ValueError as exc:
+    assert "math domain error" in str(exc)
+process = one._process
+one.stop()
+assert process.poll() is not None and not one.running()
+threaded = sidecar.Sidecar("threaded", ())
+threaded.start()   # the first sidecar's caller thread runs: never fork a threaded process
+assert not isinstance(threaded._process, sidecar._ForkedSidecar)
+threaded.stop()
+print("ok")
+"""
+
+
+def test_a_forked_sidecar_serves_like_a_started_one():
+    """In the warm runner a sidecar is a fork of the caller: another process, same answers and errors; a
+    process with threads starts an interpreter instead."""
+    out = subprocess.run([sys.executable, "-c", FORKED_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_forked_sidecars_draw_the_plots_beside_the_suite(monkeypatch):
+    """Forks cost no imports, so the plots get a process of their own; started interpreters share one."""
+    script = ("import os, sys; from pram_lib.pipeline import sidecar; sidecar.FORK_WARM = sys.argv[1] == '1'; "
+              "sidecar.start(); gx = sidecar.GX.submit(os.getpid).result(); "
+              "plots = sidecar.PLOTS.submit(os.getpid).result(); print(gx != plots, gx != os.getpid())")
+    for fork, expected in (("1", "True True"), ("0", "False True")):
+        out = subprocess.run([sys.executable, "-c", script, fork], capture_output=True, text=True, timeout=120)
+        assert out.stdout.split() == expected.split(), (fork, out.stderr)
+
+
+def test_a_forked_sidecar_dies_with_its_parent():
+    script = ("from pram_lib.pipeline import sidecar; sidecar.FORK_WARM = True; sidecar.GX.start(); "
+              "print(sidecar.GX._process.pid, flush=True); import time; time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(40):
+        try:
+            if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"forked sidecar {child} outlived its killed parent")
