@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT="${PRAM_UI_PORT:-4200}"
 BIN=.venv/bin
-$BIN/pram-release ui --port "$PORT"
+# exported first: the warm runner `ui` starts beside the server serves runs with the environment it was given
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 export PREFECT_HOME="$PWD/.prefect-home"
+$BIN/pram-release ui --port "$PORT"
 $BIN/pram-release run specs/adult.yaml
 echo "Prefect UI: http://127.0.0.1:${PORT}  (flow runs, report/table/link artifacts)"
-echo "stop the server with: $BIN/pram-release ui --stop"
+echo "stop the server (and its warm runner) with: $BIN/pram-release ui --stop"
