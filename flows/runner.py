@@ -43,6 +43,8 @@ WARM_MODULES = ("flows.cli", "flows.release", "pandas", "pyarrow.parquet", "pyar
                 "pram_lib.core.validate", "pram_lib.pipeline.publish", "pram_lib.pipeline.plan",
                 "matplotlib.figure", "matplotlib.backends.backend_agg")
 _LENGTH = struct.Struct("!I")
+LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_CORE")
+FIRST_REPLY_SECONDS = 60
 
 IN_RUNNER = False   # set in the forked copy that runs a caller's command
 
@@ -188,13 +190,24 @@ def delegate(argv: list[str]) -> int | None:
         return None
     request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
                "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+               "limits": _limits(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
                "fingerprint": fingerprint(dict(os.environ))}
     try:
         _send(sock, request, [0, 1, 2])
-        reply, _ = _receive(sock)
-    except (OSError, EOFError, ValueError):
+    except OSError:
         sock.close()
         return None
+    sock.settimeout(FIRST_REPLY_SECONDS)
+    try:
+        reply, _ = _receive(sock)
+    except (EOFError, ValueError, ConnectionError):   # it ended before taking the run: none was started
+        sock.close()
+        return None
+    except OSError:   # timed out: a run may have started (closing the socket ends it); this one must not run too
+        sock.close()
+        print(f"error: the warm runner did not answer within {FIRST_REPLY_SECONDS} s. Fix: rerun, or set "
+              "PRAM_NO_RUNNER=1 to run without it (`pram-release ui --stop` then `ui` restarts it)", file=sys.stderr)
+        return 1
     if reply.get("status") != "started":
         LAST_ANSWER.update(reply)
         sock.close()
@@ -227,6 +240,25 @@ def delegate(argv: list[str]) -> int | None:
               file=sys.stderr)
         return 1
     return int(end["code"])
+
+
+def _limits() -> dict:
+    import resource
+
+    return {name: resource.getrlimit(getattr(resource, name)) for name in LIMITS if hasattr(resource, name)}
+
+
+def _unreachable_limits(theirs: dict) -> str | None:
+    """The caller's resource limits a fork of the runner cannot take (a hard limit above the runner's)."""
+    import resource
+
+    def above(a: int, b: int) -> bool:
+        return (a == resource.RLIM_INFINITY and b != resource.RLIM_INFINITY) or (
+            b != resource.RLIM_INFINITY and a > b)
+
+    mine = _limits()
+    names = [n for n, (_, hard) in theirs.items() if n in mine and above(hard, mine[n][1])]
+    return f"the resource limits {', '.join(names)} are above the runner's" if names else None
 
 
 def _umask() -> int:
@@ -307,6 +339,7 @@ def _monitor(conn: socket.socket, mine: dict) -> None:
     if "ping" in request:
         _send(conn, {"status": "ready" if why is None else "stale", "why": why or ""})
         return
+    why = why or _unreachable_limits(request.get("limits", {}))
     if why is not None or len(fds) != 3:
         _refuse(conn, why or "the caller's terminal was not passed")
         return
@@ -355,6 +388,13 @@ def _become_caller(request: dict, fds: list[int]) -> None:
         os.umask(int(request["umask"]))
         if request.get("affinity") and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, request["affinity"])
+        import resource
+
+        for name, (soft, hard) in request.get("limits", {}).items():
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        niceness = int(request.get("nice", 0)) - os.getpriority(os.PRIO_PROCESS, 0)
+        if niceness > 0:
+            os.nice(niceness)
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

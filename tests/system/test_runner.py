@@ -145,6 +145,17 @@ def test_the_fingerprint_sees_code_python_and_import_time_environment(tmp_path):
     assert "code changed" in runner.differences(mine, {**mine, "code": "0" * 64})
 
 
+def test_limits_a_fork_cannot_take_are_refused():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert runner._unreachable_limits({"RLIMIT_NOFILE": (soft, hard)}) is None
+    assert runner._unreachable_limits({"RLIMIT_NOFILE": (64, 64)}) is None   # lower: the fork lowers its own
+    if hard != resource.RLIM_INFINITY:
+        why = runner._unreachable_limits({"RLIMIT_NOFILE": (soft, resource.RLIM_INFINITY)})
+        assert why is not None and "RLIMIT_NOFILE" in why
+
+
 def test_no_runner_for_a_remote_api():
     assert runner.socket_path("https://prefect.example.org/api") is None
     assert runner.socket_path(None) is None
