@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_verify)
     _analyze_parser(sub)
     args = ap.parse_args(argv)
-    if args.cmd == "run":
+    if args.cmd != "ui":   # the warm runner beside the server runs the command when it can stand in for us
         from flows import runner
 
         code = runner.delegate(sys.argv[1:] if argv is None else list(argv))   # None: no warm runner took it

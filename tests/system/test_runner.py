@@ -192,3 +192,15 @@ def test_the_run_ends_with_its_caller(warm, tmp_path, how):
     assert not list((tmp_path / "k" / "releases").glob("runner-big-*")), "a release was published"
     if how == "SIGINT":
         assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_check_and_verify_run_warm_with_the_same_output(warm, tmp_path):
+    env = {**warm["env"], "PRAM_RELEASE_HOME": str(tmp_path / "home")}
+    spec = _spec(tmp_path / "v", "runner-v")
+    released, _ = _cli(["run", str(spec), "--seed", "9"], {**env, "PRAM_NO_RUNNER": "1"}, tmp_path)
+    folder = released.stdout.split("release: ")[1].split()[0]
+    for args in (["check", str(spec)], ["verify", folder, "--spec", str(spec)]):
+        hot, hot_cpu = _cli(args, env, tmp_path)
+        cold, cold_cpu = _cli(args, {**env, "PRAM_NO_RUNNER": "1"}, tmp_path)
+        assert (hot.returncode, hot.stdout, hot.stderr) == (cold.returncode, cold.stdout, cold.stderr), args
+        assert hot.returncode == 0 and hot_cpu < 0.5 < cold_cpu, (args, hot_cpu, cold_cpu, hot.stderr)
