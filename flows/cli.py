@@ -322,7 +322,9 @@ def stop_runner(home: Path) -> None:
     except (OSError, ValueError, KeyError, TypeError):
         pid_file.unlink(missing_ok=True)
         return
-    if b"flows.runner" in cmdline:
+    from flows.runner import RUNNER_PROCESS
+
+    if RUNNER_PROCESS.encode() in cmdline:
         os.kill(pid, 15)
         print(f"runner stopped (pid {pid})")
     pid_file.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ import struct
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,7 @@ WARM_MODULES = ("flows.cli", "flows.release", "pandas", "pyarrow.parquet", "pyar
                 "pram_lib.core.validate", "pram_lib.pipeline.publish", "pram_lib.pipeline.plan",
                 "matplotlib.figure", "matplotlib.backends.backend_agg")
 _LENGTH = struct.Struct("!I")
+RUNNER_PROCESS = "flows.runner_process"   # `python -m` this to start a runner (see start_runner)
 LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_CORE")
 FIRST_REPLY_SECONDS = 60
 
@@ -269,9 +271,9 @@ def _umask() -> int:
 
 # -- the runner's side -----------------------------------------------------------------------------------
 
-def serve(path: Path) -> None:
-    """Import everything, then answer requests until killed: each run in a forked copy (single-threaded
-    here, so forking is safe)."""
+def serve(path: Path, command: Callable[[list[str]], int]) -> None:
+    """Import everything, then answer requests until killed: each run of `command` (the CLI's main) in a forked
+    copy (single-threaded here, so forking is safe)."""
     import importlib
 
     for name in WARM_MODULES:
@@ -307,11 +309,11 @@ def serve(path: Path) -> None:
             _refuse(conn, differences(mine, fingerprint(dict(os.environ))))
             server.close()
             path.unlink(missing_ok=True)
-            os.execv(sys.executable, [sys.executable, "-m", "flows.runner", str(path)])
+            os.execv(sys.executable, [sys.executable, "-m", RUNNER_PROCESS, str(path)])
         if os.fork() == 0:
             server.close()
             try:
-                _monitor(conn, mine)
+                _monitor(conn, mine, command)
             finally:
                 os._exit(0)
         conn.close()
@@ -325,7 +327,7 @@ def _refuse(conn: socket.socket, why: str) -> None:
     conn.close()
 
 
-def _monitor(conn: socket.socket, mine: dict) -> None:
+def _monitor(conn: socket.socket, mine: dict, command: Callable[[list[str]], int]) -> None:
     """One request: answer a ping, or fork the run, relay its end to the caller, and kill it if the caller
     goes away first."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -346,7 +348,7 @@ def _monitor(conn: socket.socket, mine: dict) -> None:
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _become_caller(request, fds)   # never returns
+        _become_caller(request, fds, command)   # never returns
     for fd in fds:
         os.close(fd)
     _send(conn, {"status": "started", "pid": pid})
@@ -374,7 +376,7 @@ def _monitor(conn: socket.socket, mine: dict) -> None:
             return
 
 
-def _become_caller(request: dict, fds: list[int]) -> None:
+def _become_caller(request: dict, fds: list[int], command: Callable[[list[str]], int]) -> None:
     """In the forked copy: take the caller's terminal, folder and environment, run its command, exit."""
     code = 1
     try:
@@ -404,9 +406,7 @@ def _become_caller(request: dict, fds: list[int]) -> None:
 
         sidecar.FORK_WARM = True
         sys.argv = ["pram-release", *request["argv"]]
-        from flows.cli import main
-
-        code = main(request["argv"])
+        code = command(request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
@@ -449,7 +449,7 @@ def start_runner(api_url: str, env: dict, log: Path, timeout: float = 120) -> tu
     if ready:
         return None, f"runner ready on {path}"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.runner", str(path)], env=env, cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", RUNNER_PROCESS, str(path)], env=env, cwd=ROOT,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     deadline = time.time() + timeout
@@ -461,9 +461,3 @@ def start_runner(api_url: str, env: dict, log: Path, timeout: float = 120) -> tu
         time.sleep(0.2)
     proc.kill()
     return None, f"the runner was not ready after {timeout:.0f} s (see {log}); runs start cold"
-
-
-if __name__ == "__main__":   # run the canonical module, whose IN_RUNNER the CLI reads (not this __main__ copy)
-    from flows.runner import serve as _serve
-
-    _serve(Path(sys.argv[1]))
