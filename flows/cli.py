@@ -24,7 +24,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pram_lib.families import family_of
     from pram_lib.ops.audit import sha256_file
     from pram_lib.pipeline import release, stream
-    from pram_lib.pipeline.plan import resolve_targets, target_line
+    from pram_lib.pipeline.plan import accuracy_lines, resolve_targets, target_line
     from pram_lib.spec import SpecError, load_spec
 
     try:
@@ -50,6 +50,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         for a in assignments:
             if a.column == v.key:
                 print(family_of(v).check_line(a))
+    for line in accuracy_lines(spec, profile, assignments):
+        print(line)
     spent = sum(release.spent_by_variable(assignments).values())
     for v in spec.variables:
         if getattr(v, "target_details", None) is not None:

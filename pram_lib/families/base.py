@@ -189,15 +189,28 @@ TARGET_FIX = ("state one of them: `alpha:` (or `gamma:`) for a level, or `target
 
 class Target(Strict):
     """An accuracy to reach instead of a stated level: the smallest ε whose predicted interval half-width meets
-    it for every category whose planning share is at least `share_at_least` (pram_lib.pipeline.plan resolves it)."""
+    it for every share of at least `share_at_least`: whatever the true shares (`over: worst`), or at the planning
+    prior's shares (`over: prior`) (pram_lib.pipeline.plan resolves it)."""
 
     halfwidth: float | None = Field(default=None, description="largest interval half-width, in share units")
     relative: float | None = Field(default=None, description="largest half-width as a fraction of the share")
-    share_at_least: float = Field(default=0.0, description="the target applies to categories with at least this "
-                                  "planning share (0: every category)")
+    share_at_least: float = Field(default=0.0, description="the target applies to the shares of at least this "
+                                  "(the true share with `over: worst`, the planning share with `over: prior`; 0: "
+                                  "every share)")
     confidence: float | None = Field(default=None, description="level of the interval (default: the spec's "
                                      "`confidence:`)")
     max_epsilon: float | None = Field(default=None, description="largest ε the target may take")
+    over: str = Field(default="worst", description="`worst` (the default): met for every true distribution of "
+                      "the variable (the worst case over the simplex, for every share of at least `share_at_least`); "
+                      "`prior`: met only if the true shares are the planning prior's (uniform, or the prior file's)")
+
+    @field_validator("over")
+    @classmethod
+    def _over_known(cls, v: str) -> str:
+        if v not in ("worst", "prior"):
+            raise ValueError(f"target over is `worst` (met whatever the true shares) or `prior` (met at the planning "
+                             f"prior's shares), not {v!r}")
+        return v
 
     @field_validator("halfwidth")
     @classmethod

@@ -36,7 +36,7 @@ from scipy.special import ndtri
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, NonIdentifiableError, _ops
-from pram_lib.core.model import NO_STRATUM, GroupProfile, VariableProfile
+from pram_lib.core.model import MISSING, NO_STRATUM, GroupProfile, VariableProfile
 from pram_lib.families import family_of
 from pram_lib.families.base import Target
 from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
@@ -63,6 +63,55 @@ def share_variance(channel, p: np.ndarray, n: float) -> np.ndarray | None:
         return None
     p = np.asarray(p, dtype=float)
     return np.maximum(ops.var_diag(ops.mt(p), p), 0.0) / n
+
+
+def variance_coefficients(channel) -> np.ndarray | None:
+    """C with n Var(p̂_x) = (C p)_x − p_x² for every true distribution p: C[x, z] = Σ_y G_xy² M_zy (column z is
+    (G∘G) M^T e_z); None when the estimator would refuse the channel as singular."""
+    try:
+        ops = _ops(channel)
+    except NonIdentifiableError:
+        return None
+    cond = ops.condition()
+    if not np.isfinite(cond) or cond > DEFAULT_MAX_CONDITION:
+        return None
+    unit = np.eye(channel.n_inputs)
+    zero = np.zeros(channel.n_inputs)
+    return np.column_stack([ops.var_diag(ops.mt(e), zero) for e in unit])
+
+
+def krr_coefficients(k: int, keep: float) -> tuple[float, float]:
+    """(C[x, x], C[x, z ≠ x]) of K-ary RR (keep, each other cell move = (1 − keep)/(k − 1)): M = d I + move 11^T
+    and G = (I − move 11^T)/d with d = keep − move, so C = (G∘G) M = ((1 − 2 move) M + move² 11^T)/d²."""
+    if k < 2:   # one category: its share is 1, estimated without error
+        return 1.0, 0.0
+    move = (1.0 - keep) / (k - 1)
+    d = keep - move
+    return ((1.0 - 2.0 * move) * keep + move * move) / d ** 2, ((1.0 - 2.0 * move) * move + move * move) / d ** 2
+
+
+def _split(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a_x = C[x, x], A_x = max_{z ≠ x} C[x, z]) per share x."""
+    a = np.diag(C).copy()
+    off = np.where(np.eye(len(a), dtype=bool), -np.inf, C)
+    return a, off.max(axis=1)
+
+
+def worst_variance(a, A, s: float) -> np.ndarray:
+    """n × the largest Var(p̂_x) over every truth p with p_x ≥ s. With p_x = t, n Var = a t + Σ_{z≠x} C[x, z] p_z
+    − t² is largest with the other 1 − t on the z of largest C[x, z] (A): f(t) = A(1 − t) + a t − t², a concave
+    parabola, largest at t = clip((a − A)/2, s, 1)."""
+    a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
+    t = np.clip((a - A) / 2.0, s, 1.0)
+    return np.maximum(A * (1.0 - t) + a * t - t * t, 0.0)
+
+
+def worst_relative_variance(a, A, s: float) -> np.ndarray:
+    """n × the largest Var(p̂_x)/p_x² over every truth with p_x ≥ s > 0: f(t)/t² = A u² + (a − A) u − 1 with
+    u = 1/t in [1, 1/s] is convex in u (A ≥ 0), so it is largest at t = s or t = 1."""
+    a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
+    at_s = (A * (1.0 - s) + a * s - s * s) / (s * s)
+    return np.maximum(np.maximum(at_s, a - 1.0), 0.0)
 
 
 def rr_table_variance(P: np.ndarray, keeps, n: float) -> np.ndarray:
@@ -377,6 +426,8 @@ class TargetCurve:
     shares: np.ndarray                 # planning shares
     halfwidths: Callable[[float], np.ndarray | None]   # None: the channel is singular at that ε
     planning: str                      # where the planning shares come from
+    # ε -> (a_x, A_x) per share (see worst_variance) of the channel the planning prior builds; None: singular
+    coefficients: Callable[[float], tuple[np.ndarray, np.ndarray] | None] | None = None
 
 
 def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: float) -> TargetCurve:
@@ -386,24 +437,35 @@ def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: flo
         var = share_variance(build(eps), shares, n)
         return None if var is None else z * np.sqrt(var)
 
+    def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray] | None:
+        C = variance_coefficients(build(eps))
+        return None if C is None else _split(C)
+
     planning = f"the public prior file {v.prior.file}" if isinstance(v.prior, PriorFile) else "uniform"
-    return TargetCurve([str(c) for c in cats], shares, halfwidths, planning)
+    return TargetCurve([str(c) for c in cats], shares, halfwidths, planning, coefficients)
 
 
 def _group_curve(spec: ReleaseSpec, i: int, v, cats: list, n: int, z: float) -> TargetCurve:
     sizes = [len(c) for c in cats]
 
-    def halfwidths(eps: float) -> np.ndarray:
+    def keeps(eps: float) -> list[float]:
         ch = _group_channel(spec, i, v, cats, eps)
-        keeps = [mr._sub_keep(ch, ch.cluster_of(j), [j])[1] for j in range(len(sizes))]
+        return [mr._sub_keep(ch, ch.cluster_of(j), [j])[1] for j in range(len(sizes))]
+
+    def halfwidths(eps: float) -> np.ndarray:
         return np.concatenate([z * np.sqrt(rr_table_variance(np.full(k, 1.0 / k), [keep], n))
-                               for k, keep in zip(sizes, keeps)])
+                               for k, keep in zip(sizes, keeps(eps))])
+
+    def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray]:
+        ab = [krr_coefficients(k, keep) for k, keep in zip(sizes, keeps(eps))]
+        return (np.concatenate([np.full(k, x[0]) for k, x in zip(sizes, ab)]),
+                np.concatenate([np.full(k, x[1]) for k, x in zip(sizes, ab)]))
 
     labels = [f"{a}={x}" for a, c in zip(v.columns, cats) for x in c]
     shares = np.concatenate([np.full(k, 1.0 / k) for k in sizes])
     return TargetCurve(labels, shares, halfwidths, "uniform over each attribute's categories" +
                        (" (clusters measured on the data are planned as one per attribute)"
-                        if measured_clusters(v) else ""))
+                        if measured_clusters(v) else ""), coefficients)
 
 
 def _round_up(x: float, digits: int = 5) -> float:
@@ -480,12 +542,15 @@ def _target_domains(spec: ReleaseSpec, pending: list, read_source: bool) -> dict
 
 
 def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict:
-    """The smallest ε meeting variable i's `target:` under its public planning prior, with what was predicted
-    there (the details channels.json records). SpecError: no n, no category the target applies to, a target out
-    of reach (below `max_epsilon`, or 20)."""
+    """The smallest ε meeting variable i's `target:`, with what was predicted there (the details channels.json
+    records). `over: worst` (the default): for every true distribution, each share of at least `share_at_least`
+    (worst_variance, worst_relative_variance) through the channel the public planning prior builds; `over: prior`:
+    at the planning prior's shares. SpecError: no n, no category the target applies to, a target out of reach
+    (below `max_epsilon`, or 20)."""
     t: Target = v.target
     confidence = t.confidence if t.confidence is not None else spec.confidence
     group = family_of(v).kind == "group"
+    worst = t.over == "worst"
     given = (spec.rows, "`rows:` in the spec") if spec.rows is not None else None
     rows = _rows_of(spec, i, v, given)
     if rows is None:
@@ -497,58 +562,95 @@ def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict
                          "with `alpha:` instead")
     n, n_from = rows
     z = z_value(confidence)
+    s = t.share_at_least
     curve = (_group_curve(spec, i, v, [list(c) for c in cats], n, z) if group else
              _categorical_curve(spec, i, v, tuple(cats), n, z))
-    which = curve.shares >= t.share_at_least - 1e-12
-    if not which.any():
-        raise spec.error(("variables", i, "target", "share_at_least"), f"no category of {v.key!r} has a planning "
-                         f"share of at least {t.share_at_least:g} (planning prior: {curve.planning}; the largest "
-                         f"share is {curve.shares.max():.4g})", t.share_at_least,
-                         "lower `share_at_least:`" + ("" if group or v.channel == "rr-uniform" else
-                                                     ", or plan with a public prior `prior: {file: ref.csv}`"))
-    if t.relative is not None and np.any(curve.shares[which] <= 0):
-        raise spec.error(("variables", i, "target", "relative"), "a relative target of a share 0 is a half-width "
-                         "of 0, which no release reaches (the categories are under found)",
-                         [lab for lab, p, w in zip(curve.labels, curve.shares, which) if w and p <= 0][:10],
-                         "set `share_at_least:` above 0")
-    limits = np.full(int(which.sum()), t.halfwidth) if t.halfwidth is not None else t.relative * curve.shares[which]
+    planned = curve.shares >= s - 1e-12             # the shares the target covers at the planning prior
+    if worst:
+        which = np.ones(curve.shares.size, dtype=bool)   # any category may have a true share ≥ s
+        if t.relative is not None and s <= 0:
+            raise spec.error(("variables", i, "target", "relative"), "a relative target for every true share "
+                             "down to 0 asks a half-width of 0 for a share near 0, which no release reaches",
+                             t.model_dump(exclude_none=True), "set `share_at_least:` above 0")
+    else:
+        which = planned
+        if not which.any():
+            raise spec.error(("variables", i, "target", "share_at_least"), f"no category of {v.key!r} has a "
+                             f"planning share of at least {s:g} (planning prior: {curve.planning}; the largest "
+                             f"share is {curve.shares.max():.4g})", s,
+                             "lower `share_at_least:`" + ("" if group or v.channel == "rr-uniform" else
+                                                         ", or plan with a public prior `prior: {file: ref.csv}`"))
+        if t.relative is not None and np.any(curve.shares[which] <= 0):
+            raise spec.error(("variables", i, "target", "relative"), "a relative target of a share 0 is a "
+                             "half-width of 0, which no release reaches (the categories are under found)",
+                             [lab for lab, p, w in zip(curve.labels, curve.shares, which) if w and p <= 0][:10],
+                             "set `share_at_least:` above 0")
 
-    def halfwidths(eps: float) -> np.ndarray | None:
-        hw = curve.halfwidths(eps)
-        return None if hw is None else hw[which]
+    def worst_measure(a, A) -> np.ndarray:
+        """z·sqrt(worst n Var / n): the half-width, or the half-width over the share for `relative:`."""
+        nvar = worst_variance(a, A, s) if t.relative is None else worst_relative_variance(a, A, s)
+        return z * np.sqrt(nvar / n)
 
+    if worst:
+        limits = np.full(which.size, t.halfwidth if t.halfwidth is not None else t.relative)
+
+        def halfwidths(eps: float) -> np.ndarray | None:
+            ab = curve.coefficients(eps)
+            return None if ab is None else worst_measure(*ab)
+
+        # ε = ∞ (no randomisation: M = G = I, a = 1, A = 0): the sampling error alone
+        floor = worst_measure(np.ones(which.size), np.zeros(which.size))
+    else:
+        limits = np.full(int(which.sum()), t.halfwidth) if t.halfwidth is not None else t.relative * curve.shares[which]
+
+        def halfwidths(eps: float) -> np.ndarray | None:
+            hw = curve.halfwidths(eps)
+            return None if hw is None else hw[which]
+
+        floor = z * np.sqrt(curve.shares[which] * (1 - curve.shares[which]) / n)
+    over = ("whatever the true shares" if worst else f"planning prior {curve.planning}")
     high = t.max_epsilon if t.max_epsilon is not None else SEARCH_HIGH
     eps, how = smallest_epsilon(halfwidths, limits, min(SEARCH_LOW, high), high)
     if eps is None:
         what = t.describe(confidence)
-        floor = z * np.sqrt(curve.shares[which] * (1 - curve.shares[which]) / n)   # ε = ∞: sampling error alone
         if np.any(floor > limits):
+            largest = (f"a half-width up to {float(np.max(floor)):.4g}" if t.relative is None or not worst else
+                       f"a half-width up to {100 * float(np.max(floor)):.4g}% of a share of {s:g}")
             raise spec.error(("variables", i, "target"), f"the target {what} of {v.key!r} is out of reach at any "
-                             f"ε: with n = {n:,} records the sampling error alone (no randomisation) gives a "
-                             f"half-width up to {float(np.max(floor)):.4g}", t.model_dump(exclude_none=True),
-                             TARGET_LOOSEN)
+                             f"ε: with n = {n:,} records the sampling error alone (no randomisation) gives "
+                             f"{largest}" + (" for some true shares" if worst else ""),
+                             t.model_dump(exclude_none=True), TARGET_LOOSEN)
         if t.max_epsilon is not None and t.max_epsilon < SEARCH_HIGH:
             need, _ = smallest_epsilon(halfwidths, limits, t.max_epsilon, SEARCH_HIGH)
             needs = f"it needs ε = {need:.5g}" if need is not None else f"it needs more than ε = {SEARCH_HIGH:g}"
             raise spec.error(("variables", i, "target", "max_epsilon"), f"the target {what} of {v.key!r} is not "
-                             f"met at ε ≤ max_epsilon = {t.max_epsilon:g}: {needs} (n = {n:,}, planning prior "
-                             f"{curve.planning})", t.max_epsilon,
+                             f"met at ε ≤ max_epsilon = {t.max_epsilon:g}: {needs} (n = {n:,}, {over})",
+                             t.max_epsilon,
                              (f"raise `max_epsilon:` to {need:.5g}, or " + TARGET_LOOSEN) if need is not None
                              else TARGET_LOOSEN)
         at_high = halfwidths(high)
         there = "the channel is singular there" if at_high is None else \
-            f"predicted largest half-width there {float(np.max(at_high)):.4g}"
+            f"predicted largest {'relative ' if t.relative is not None and worst else ''}half-width there " \
+            f"{float(np.max(at_high)):.4g}"
         raise spec.error(("variables", i, "target"), f"the target {what} of {v.key!r} is not met at ε ≤ {high:g} "
-                         f"(n = {n:,}; {there})",
+                         f"(n = {n:,}, {over}; {there})",
                          t.model_dump(exclude_none=True), TARGET_LOOSEN + (
                              ", or raise `max_epsilon:`" if t.max_epsilon is not None else ""))
-    hw = halfwidths(eps)
-    details = {"target": {**t.model_dump(exclude_none=True), "confidence": confidence},
-               "epsilon": eps, "rows": n, "rows_from": n_from, "planning_prior": curve.planning,
+    prior_hw = curve.halfwidths(eps)
+    details = {"target": {**t.model_dump(exclude_none=True, exclude={"over"}), "confidence": confidence},
+               "over": t.over, "epsilon": eps, "rows": n, "rows_from": n_from, "planning_prior": curve.planning,
                "domain": domain_from, "categories": int(which.sum()), "of_categories": int(which.size),
-               "predicted_largest_halfwidth": float(np.max(hw)), "search": how}
-    if t.relative is not None:
-        details["predicted_largest_relative_halfwidth"] = float(np.max(hw / curve.shares[which]))
+               "search": how}
+    if prior_hw is not None and planned.any():
+        details["predicted_largest_halfwidth"] = float(np.max(prior_hw[planned]))
+        if t.relative is not None and np.all(curve.shares[planned] > 0):
+            details["predicted_largest_relative_halfwidth"] = float(np.max(prior_hw[planned] /
+                                                                           curve.shares[planned]))
+    if worst:
+        a, A = curve.coefficients(eps)
+        details["worst_case_largest_halfwidth"] = float(np.max(z * np.sqrt(worst_variance(a, A, s) / n)))
+        if t.relative is not None:
+            details["worst_case_largest_relative_halfwidth"] = float(np.max(halfwidths(eps)))
     return details
 
 
@@ -574,19 +676,29 @@ def resolve_targets(spec: ReleaseSpec, read_source: bool = True) -> ReleaseSpec:
 
 
 def target_line(spec: ReleaseSpec, v) -> str:
-    """'target ±0.01 for shares ≥ 0.05 at 95%: ε = 1.2346 (predicted largest half-width 0.009998)'."""
+    """`over: worst`: 'target ±0.01 for every share at 95%, whatever the true shares: ε = 2.0712 (planning-prior
+    half-width 0.007611, worst case 0.01; 5 of 5 shares, n = 32,561)'; `over: prior`: 'target ±0.01 for every
+    share at 95%: ε = 1.5772 (predicted largest half-width 0.009998; 5 of 5 shares, n = 32,561)'."""
     d = v.target_details
-    rel = d.get("predicted_largest_relative_halfwidth")
-    predicted = f"predicted largest half-width {d['predicted_largest_halfwidth']:.4g}" + (
-        f", {100 * rel:.4g}% of its share" if rel is not None else "")
-    return (f"target {v.target.describe(d['target']['confidence'])}: ε = {d['epsilon']:.5g} ({predicted}; "
-            f"{d['categories']} of {d['of_categories']} shares, n = {d['rows']:,})")
+    what = v.target.describe(d["target"]["confidence"])
+    hw, rel = d.get("predicted_largest_halfwidth"), d.get("predicted_largest_relative_halfwidth")
+    tail = f"{d['categories']} of {d['of_categories']} shares, n = {d['rows']:,}"
+    if d.get("over", "prior") == "prior":
+        predicted = f"predicted largest half-width {hw:.4g}" + (
+            f", {100 * rel:.4g}% of its share" if rel is not None else "")
+        return f"target {what}: ε = {d['epsilon']:.5g} ({predicted}; {tail})"
+    worst_rel = d.get("worst_case_largest_relative_halfwidth")
+    prior = ("planning-prior half-width " + (f"{100 * rel:.4g}% of its share" if rel is not None and worst_rel
+                                              is not None else f"{hw:.4g}") + ", ") if hw is not None else ""
+    worst = (f"worst case {100 * worst_rel:.4g}% of the share" if worst_rel is not None else
+             f"worst case {d['worst_case_largest_halfwidth']:.4g}")
+    return f"target {what}, whatever the true shares: ε = {d['epsilon']:.5g} ({prior}{worst}; {tail})"
 
 
 def target_note(spec: ReleaseSpec, v) -> str:
-    return (f"ε resolved from `target:`, the smallest that meets it under the planning prior: "
-            f"{target_line(spec, v)}")
-
+    how = ("for every true distribution of the shares (the worst case)"
+           if v.target_details.get("over", "prior") == "worst" else "under the planning prior")
+    return f"ε resolved from `target:`, the smallest that meets it {how}: {target_line(spec, v)}"
 
 
 def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool = True) -> AccuracyPlan:
@@ -634,6 +746,133 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
         else:
             out.append(_plan_group(spec, i, v, [list(c) for c in cats], how, n, n_from))
     return AccuracyPlan(str(spec.path), spec.release, spec.confidence, out, read)
+
+
+# -- predicted beside achieved: `check` and the release report ---------------------------------------------
+def planned_largest_halfwidths(spec: ReleaseSpec, i: int, v, cats, n: float,
+                               confidence: float | None = None) -> dict[str, float]:
+    """{the variable, or each attribute of a group: its largest interval half-width at the spec's ε under the
+    public planning prior}, for n records and the domain `cats` (a group: one list per attribute); NaN where the
+    channel is singular. Only the spec's ε: no grid."""
+    z = z_value(spec.confidence if confidence is None else confidence)
+    if family_of(v).kind == "group":
+        cats = [list(c) for c in cats]
+        ch = _group_channel(spec, i, v, cats, v.epsilon)
+        out = {}
+        for j, (attr, c) in enumerate(zip(v.columns, cats)):
+            k, keep = mr._sub_keep(ch, ch.cluster_of(j), [j])
+            out[attr] = z * math.sqrt(float(np.max(rr_table_variance(np.full(k, 1.0 / k), [keep], n))))
+        return out
+    if len(cats) < 2:
+        return {v.key: 0.0}
+    shares, build = _planning_channels(spec, i, v, tuple(cats))
+    var = share_variance(build(v.epsilon if v.channel in LEVEL_CHANNELS else None), shares, n)
+    return {v.key: math.nan if var is None else z * math.sqrt(float(np.max(var)))}
+
+
+def group_attribute_counts(spec: ReleaseSpec, v, profile) -> list[np.ndarray]:
+    """The source's counts of each attribute of a group over its categories (the profile's order): from the
+    profile's codes when it kept them, else by reading the group's columns again (the profile keeps only the
+    domains)."""
+    gp = profile.groups[v.key]
+    if gp.codes is not None:
+        codes = np.asarray(gp.codes)
+        return [np.bincount(codes[:, j], minlength=len(c)).astype(float) for j, c in enumerate(gp.categories)]
+    from pram_lib.pipeline import stream
+
+    found = [Counter() for _ in v.columns]
+    for _, df in stream.iter_chunks(spec):
+        for j, column in enumerate(v.columns):
+            found[j] += count_values(df, [column])
+    out = []
+    for j, c in enumerate(gp.categories):
+        index = {x: k for k, x in enumerate(c)}
+        counts = np.zeros(len(c))
+        for key, rows in found[j].items():
+            counts[index[MISSING if key[0] is None else str(key[0])]] += rows
+        out.append(counts)
+    return out
+
+
+def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile) -> dict[str, float]:
+    """{the variable, or each attribute of a group: its largest interval half-width at the source's shares
+    through the channels chosen} (confidential: it reads the profile). Strata add as the report's totals do:
+    Var = Σ_s (n_s/n)² Var_s."""
+    z = z_value(spec.confidence)
+    if family_of(v).kind == "group":
+        (a,) = assignments
+        ch, out = a.channel, {}
+        for j, (attr, counts) in enumerate(zip(ch.attributes, group_attribute_counts(spec, v, profile))):
+            k, keep = mr._sub_keep(ch, ch.cluster_of(j), [j])
+            var = rr_table_variance(counts / counts.sum(), [keep], counts.sum())
+            out[attr] = z * math.sqrt(float(np.max(var)))
+        return out
+    vp = profile.variables[v.column]
+    parts = []
+    for a in assignments:
+        counts = np.asarray(vp.counts[a.stratum], dtype=float)
+        if counts.sum() > 0:
+            parts.append((counts.sum(), share_variance(a.channel, counts / counts.sum(), counts.sum())))
+    total = sum(n_s for n_s, _ in parts)
+    if not parts or any(var is None for _, var in parts):
+        return {v.key: math.nan}
+    var = sum((n_s / total) ** 2 * var for n_s, var in parts)
+    return {v.key: z * math.sqrt(float(np.max(var)))}
+
+
+def accuracy_lines(spec: ReleaseSpec, profile, assignments: list) -> list[str]:
+    """`check`'s table: per categorical variable (and group attribute) the largest interval half-width at the
+    spec's ε predicted under the public planning prior (what `plan` says) and at the source's shares through the
+    channels chosen (what the release will achieve, up to sampling noise)."""
+    try:
+        n_of = planned_rows(spec)
+    except SpecError:
+        n_of = {}
+    rows, notes = [], []
+    for i, v in enumerate(spec.variables):
+        mine = [a for a in assignments if a.column == v.key]
+        kind = family_of(v).kind
+        if kind == "continuous":
+            rows.append((v.key, "", "not planned (noise calibrated on the data)", ""))
+            continue
+        if not mine:
+            continue
+        if kind == "group":
+            cats = profile.groups[v.key].categories
+            n_source = float(profile.n_rows)
+        else:
+            cats = profile.variables[v.column].categories
+            n_source = float(sum(np.sum(c) for c in profile.variables[v.column].counts.values()))
+        n = n_of.get(v.key, (n_source, ""))[0]
+        if v.key not in n_of:
+            notes.append(v.key)
+        eps = max(a.channel.epsilon for a in mine)
+        try:
+            planned = planned_largest_halfwidths(spec, i, v, cats, n)
+        except (SpecError, ValueError, NonIdentifiableError) as exc:   # a channel the prior cannot build
+            rows.append((v.key, f"{eps:.4g}", f"not planned ({exc})", ""))
+            continue
+        actual = true_share_halfwidths(spec, v, mine, profile)
+        for name in planned:
+            rows.append((name if kind == "categorical" else f"{v.key}:{name}", f"{eps:.4g}", f"{planned[name]:.5f}",
+                         f"{actual.get(name, math.nan):.5f}"))
+    if not rows:
+        return []
+    hw = f"±{_pct(spec.confidence)}"
+    width = max(len("variable"), *(len(r[0]) for r in rows))
+    out = [f"accuracy: the largest {hw} interval half-width of each variable's shares at the spec's ε, predicted",
+           "  planned (prior): under the public planning prior, as `plan` predicts it",
+           "  at source shares: at the source's shares through the channels above (what the release will achieve, up "
+           "to sampling noise)",
+           f"{'variable':<{width}} {'epsilon':>8} {'planned (prior)':>16} {'at source shares':>17}"]
+    for name, eps, planned, actual in rows:
+        if actual == "":
+            out.append(f"{name:<{width}} {eps:>8} {planned}")
+        else:
+            out.append(f"{name:<{width}} {eps:>8} {planned:>16} {actual:>17}")
+    if notes:
+        out.append(f"(no `rows:` for {', '.join(notes)}: planned at the source's number of records)")
+    return out
 
 
 # -- output ------------------------------------------------------------------------------------------------
@@ -727,7 +966,7 @@ def render(plan: AccuracyPlan) -> str:
 
 def _curve(vp: VariablePlan, confidence: float, path: Path) -> None:
     """Largest and median half-width against ε (log-log), the spec's ε marked; a group: shares and tables apart."""
-    from pram_lib.pipeline.publish import _fit_layout, _gc_paused, _new_figure, _plot_label
+    from pram_lib.pipeline.figures import _fit_layout, _gc_paused, _new_figure, _plot_label
 
     z = z_value(confidence)
     panels = [("shares", [e for e in vp.estimands if e.kind == "share"])]
@@ -790,7 +1029,7 @@ def check_out(spec: ReleaseSpec, out: Path) -> Path:
 
 def write_plan(plan: AccuracyPlan, spec: ReleaseSpec, out: Path) -> list[Path]:
     """plan.txt (the printed plan), plan.csv (every number) and one PNG per planned variable or group."""
-    from pram_lib.pipeline.publish import file_stem
+    from pram_lib.pipeline.figures import file_stem
 
     out = check_out(spec, out)
     out.mkdir(parents=True, exist_ok=True)

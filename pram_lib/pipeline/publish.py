@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import gc
-import hashlib
 import json
 import os
-import re
 import shutil
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +19,8 @@ from pram_lib.core.jsonable import to_json
 from pram_lib.families import REGISTRY, family_of
 from pram_lib.families.base import pct
 from pram_lib.ops.audit import build_manifest
+from pram_lib.pipeline.figures import _PLOT_DPI, _fit_layout, _gc_paused, _hashed_stem, _new_figure, _plot_label
+from pram_lib.pipeline.figures import file_stem  # noqa: F401 - publish.file_stem is the release's naming rule
 from pram_lib.pipeline.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
 from pram_lib.pipeline.stream import part_files
 from pram_lib.spec import ReleaseSpec
@@ -155,7 +153,8 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
 
 def z_of(level: float) -> float:
     """The two-sided normal quantile of a confidence level (1.96 at 0.95)."""
-    from scipy.special import ndtri  # scipy.stats.norm.ppf, without importing scipy.stats
+    from scipy.special import \
+        ndtri  # scipy.stats.norm.ppf, without importing scipy.stats
 
     return float(ndtri(0.5 + level / 2.0))
 
@@ -217,24 +216,6 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, l
     return files
 
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
-
-
-def file_stem(name: str) -> str:
-    """A file name stem for a data or spec name: the name itself when it is a plain word (letters, digits,
-    '.', '_', '-'; at most 80 characters; not ending in '.'), else a slug of it plus a short hash of the name,
-    so that no name can leave its folder ('../x', 'a/b', '..') and two names never share a stem."""
-    name = str(name)
-    if _SAFE_NAME.fullmatch(name) and not name.endswith("."):
-        return name
-    return _hashed_stem(name)
-
-
-def _hashed_stem(name: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:60] or "var"
-    return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
-
-
 def staged_path(stage: Stage, name: str) -> Path:
     """stage.tmp / name, refused unless it resolves inside the staged folder."""
     root = stage.tmp.resolve()
@@ -242,167 +223,6 @@ def staged_path(stage: Stage, name: str) -> Path:
     if not p.is_relative_to(root) or p == root:
         raise ValueError(f"refusing to write {name!r}: it resolves outside the release folder {root}")
     return p
-
-
-def _plot_label(var: str) -> str:
-    return str(var).replace("$", r"\$")  # matplotlib would parse '$...$' as mathtext
-
-
-_PLOT_DPI = 100
-
-
-@contextmanager
-def _gc_paused():
-    """The cyclic garbage collector off while plotting: matplotlib allocates many small objects, and each
-    collection they trigger scans every object of the (large) pipeline process."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _new_figure(width: float, height: float, ncols: int = 1):
-    """A figure on its own Agg canvas, and its row of axes; no pyplot, so no global figure manager."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=_PLOT_DPI)
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
-
-
-@dataclass
-class _Overhang:
-    """Pixels an axes' decorations reach beyond its box. `left`, `right`: (anchor, pixels) pairs, the anchor
-    a fraction of the axes' width (0 = its left edge), so that they follow the axes when it narrows."""
-    left: list[tuple[float, float]]
-    right: list[tuple[float, float]]
-    below: float
-    above: float
-
-
-def _overhang(ax, renderer, title_room: float, measured: dict) -> _Overhang:
-    """Tick labels as the draw will show them (the draw reuses their cached text metrics), axis labels,
-    offset texts and title. A title wider than `title_room` pixels is set smaller to fit. `measured` keeps
-    each tick label's extent around its tick between calls."""
-    points = ax.get_figure().dpi / 72
-    box = ax.bbox
-    x0, x1 = ax.get_xlim()
-    left, right, below = [(0.0, 0.0)], [(1.0, 0.0)], 0.0     # the box itself
-    for loc, label in _drawn_tick_labels(ax.xaxis):
-        at = ax.transData.transform((loc, 0))[0]
-        key = (id(ax.xaxis), label.get_text())
-        if key not in measured:
-            bb = label.get_window_extent(renderer)
-            measured[key] = (at - bb.x0, bb.x1 - at, box.y0 - bb.y0)
-        to_left, to_right, down = measured[key]
-        anchor = (loc - x0) / (x1 - x0)
-        left.append((anchor, to_left))
-        right.append((anchor, to_right))
-        below = max(below, down)
-    below += max(_text_size(ax.xaxis.label, renderer, ax.xaxis.labelpad * points)[1],
-                 _text_size(ax.xaxis.offsetText, renderer, ax.xaxis.OFFSETTEXTPAD * points)[1])
-    beside = 0.0
-    for _, label in _drawn_tick_labels(ax.yaxis):
-        key = (id(ax.yaxis), label.get_text())
-        if key not in measured:
-            measured[key] = box.x0 - label.get_window_extent(renderer).x0
-        beside = max(beside, measured[key])
-    left.append((0.0, beside + _text_size(ax.yaxis.label, renderer, ax.yaxis.labelpad * points)[0]))
-    top = box.y1
-    offset = ax.yaxis.offsetText               # e.g. '1e-7' above the y axis, placed there as the draw places it
-    if offset.get_visible() and offset.get_text():
-        offset.set_position((offset.get_position()[0], box.y1 + ax.yaxis.OFFSETTEXTPAD * points))
-        top = offset.get_window_extent(renderer).y1
-    if ax.title.get_text():
-        title_width = ax.title.get_window_extent(renderer).width
-        if title_width > title_room:
-            ax.title.set_fontsize(ax.title.get_fontsize() * title_room / title_width)
-        tb = ax.title.get_window_extent(renderer)
-        if top > box.y1 and tb.overlaps(offset.get_window_extent(renderer)):
-            top = max(top + tb.height, tb.y1)  # the draw lifts the title onto the offset text
-        else:
-            top = max(top, tb.y1)
-        left.append((0.5, tb.width / 2))
-        right.append((0.5, tb.width / 2))
-    return _Overhang(left, right, below, top - box.y1)
-
-
-def _drawn_tick_labels(axis) -> list:
-    """(location, label) of the major ticks in view, their labels (and the offset text) set and placed as the
-    draw sets them."""
-    locs = axis.get_majorticklocs()
-    formatter = axis.get_major_formatter()
-    texts = formatter.format_ticks(locs)
-    axis.offsetText.set_text(formatter.get_offset())
-    lo, hi = sorted(axis.get_view_interval())
-    slack = 1e-10 * (hi - lo)
-    drawn = []
-    for loc, text, tick in zip(locs, texts, axis.get_major_ticks(len(locs))):
-        if lo - slack <= loc <= hi + slack and tick.label1.get_visible():
-            tick.update_position(loc)
-            tick.label1.set_text(text)
-            drawn.append((loc, tick.label1))
-    return drawn
-
-
-def _text_size(text, renderer, pad: float = 0.0) -> tuple[float, float]:
-    """Width and height in pixels of a text plus `pad`; nothing for an empty or hidden one."""
-    if not text.get_visible() or not text.get_text():
-        return 0.0, 0.0
-    bb = text.get_window_extent(renderer)
-    return bb.width + pad, bb.height + pad
-
-
-def _fit_layout(fig) -> None:
-    """Margins and gaps (tight_layout's padding: 1.08 font sizes) that keep the tick labels, axis labels and
-    titles of a row of axes inside the canvas and apart.
-
-    Stands in for tight_layout, which lays out every artist and leaves a layout engine that makes savefig
-    draw twice; here only the decorations are measured and each bound is solved for in pixels. Measured
-    again after each change, since the ticks an axis gets depend on its length."""
-    import matplotlib
-
-    renderer = fig.canvas.get_renderer()
-    pad = 1.08 * matplotlib.rcParams["font.size"] * fig.dpi / 72
-    applied, measured = None, {}
-    for _ in range(3):
-        left, right, bottom, top, gap = _margins(fig, renderer, pad, measured)
-        if applied is not None and np.allclose(applied, (left, right, bottom, top, gap), atol=0.5):
-            return
-        width, height, n = fig.bbox.width, fig.bbox.height, len(fig.axes)
-        axes_width = (width - left - right - (n - 1) * gap) / n
-        fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
-                            top=1 - top / height, wspace=gap / axes_width if n > 1 else None)
-        applied = (left, right, bottom, top, gap)
-
-
-def _margins(fig, renderer, pad: float, measured: dict) -> tuple[float, float, float, float, float]:
-    """(left, right, bottom, top, gap between axes) in pixels for the row of axes as it is now."""
-    n = len(fig.axes)
-    width, height = fig.bbox.width, fig.bbox.height
-    over = [_overhang(ax, renderer, width / n - 2 * pad, measured) for ax in fig.axes]
-    bottom = min(max(o.below for o in over) + pad, 0.6 * height)
-    top = min(max(o.above for o in over) + pad, 0.3 * height)
-    left = right = gap = pad
-    for _ in range(6):                    # each bound is exact given the other two; they barely interact
-        for f, e in over[0].left:         # left + f * axes width - e >= pad
-            left = max(left, (pad + e - f * (width - right - (n - 1) * gap) / n) / max(1 - f / n, 1e-3))
-        for f, e in over[-1].right:       # right + (1 - f) * axes width - e >= pad
-            g = 1 - f
-            right = max(right, (pad + e - g * (width - left - (n - 1) * gap) / n) / max(1 - g / n, 1e-3))
-        for a, b in zip(over, over[1:]):  # gap + (1 - fa + fb) * axes width - ea - eb >= pad
-            for fa, ea in a.right:
-                for fb, eb in b.left:
-                    c = 1 - fa + fb
-                    if 1 - c * (n - 1) / n > 0.1:
-                        gap = max(gap, (pad + ea + eb - c * (width - left - right) / n) / (1 - c * (n - 1) / n))
-        left, right = min(left, 0.4 * width), min(right, 0.4 * width)
-        gap = min(gap, 0.5 * (width - left - right) / max(n - 1, 1))    # the axes keep half the width left
-    return left, right, bottom, top, gap
 
 
 def _save_plot(stage: Stage, fig, var: str) -> str:
@@ -504,7 +324,8 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           "| variable | categories | I(X;Z) nats | expected TVD of the estimate |", "|---|---|---|---|"]
     for v, family, alist in entries:
         L += family.utility_rows(v, alist, tvd)
-    L += ["", "## Estimated true distributions", "",
+    L += ["", *accuracy_section(spec, assignments, overall)]
+    L += ["## Estimated true distributions", "",
           "`estimates.csv` has every variable, stratum and category: the unbiased estimate (inversion), its standard "
           f"error and {pct(spec.confidence)} interval, the projection onto the simplex and the maximum-likelihood estimate (EM).", ""]
     if numeric_summary is not None and not numeric_summary.empty:
@@ -529,6 +350,59 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
              "statistics stay in the private store because they use source counts).")
     L += ["", "## Using this release", "", *data_files_section(spec)]
     return "\n".join(L)
+
+
+def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame) -> list[str]:
+    """## Accuracy: planned and achieved. Per categorical variable and group attribute: ε, the largest interval
+    half-width planned under the public planning prior (pram_lib.pipeline.plan, at the released n and domain: both
+    published), the largest achieved (z × se of estimates.csv) and their ratio. Reads no confidential data."""
+    from pram_lib.core.estimate import NonIdentifiableError
+    from pram_lib.pipeline.plan import planned_largest_halfwidths
+    from pram_lib.spec import SpecError
+
+    z, hw = z_of(spec.confidence), f"±{pct(spec.confidence)}"
+    targets = any(getattr(v, "target_details", None) is not None for v in spec.variables)
+    rows = []
+    for i, v in enumerate(spec.variables):
+        alist = [a for a in assignments if a.column == v.key]
+        kind = family_of(v).kind
+        if kind == "continuous" or not alist or overall.empty:
+            continue
+        ch = alist[0].channel
+        names, cats = (list(ch.attributes), [list(c) for c in ch.categories]) if kind == "group" else \
+            ([v.key], list(ch.categories))
+        got = {name: overall[overall["variable"] == name] for name in names}
+        n = next((float(g["n"].iloc[0]) for g in got.values() if not g.empty), 0.0)
+        if not n > 0:
+            continue
+        try:
+            planned = {} if any(a.public for a in alist) else planned_largest_halfwidths(spec, i, v, cats, n)
+        except (SpecError, ValueError, NonIdentifiableError):   # a channel the planning prior cannot build
+            planned = {}
+        eps = max(a.channel.epsilon for a in alist)
+        target = "—"
+        if getattr(v, "target_details", None) is not None:
+            d = v.target_details
+            target = v.target.describe(d["target"]["confidence"]) + (
+                ", whatever the true shares" if d.get("over") == "worst" else ", at the planning prior")
+        for name in names:
+            achieved = z * float(got[name]["se"].max()) if not got[name].empty else float("nan")
+            plan = planned.get(name, float("nan"))
+            ratio = f"{achieved / plan:.3f}" if plan > 0 and achieved == achieved else "—"
+            rows.append(f"| `{name}` | {eps:.4g} | " + (f"{plan:.5f}" if plan == plan else "—") +
+                        f" | {achieved:.5f} | {ratio} |" + (f" {target} |" if targets else ""))
+    if not rows:
+        return []
+    return ["## Accuracy: planned and achieved", "",
+            f"The largest {hw} interval half-width of each variable's estimated shares. *Planned*: predicted "
+            "before the release from public information only (the spec, the published domain and the released "
+            "number of records n), under the planning prior (`uniform`, or the spec's public prior file; a matrix "
+            "the release chooses from the data is planned at the uniform prior), as `pram-release plan` predicts "
+            f"it. *Achieved*: z × se of `estimates.csv` (z = {z:.4g}), from the released values. The ratio "
+            "differs from 1 as the true shares differ from the planning prior's.", "",
+            f"| variable | ε | planned largest {hw} | achieved largest {hw} | achieved / planned |" +
+            (" target |" if targets else ""),
+            "|---|---|---|---|---|" + ("---|" if targets else ""), *rows, ""]
 
 
 def data_files_section(spec: ReleaseSpec) -> list[str]:
@@ -581,6 +455,7 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
                                               numeric_summary) if mine else ([], [])
         L += lines
         data[family.internal_key] = rows
+    L += internal_accuracy_section(spec, assignments, profile, overall)
     L += ["## Missing values in the source", "", "| variable | missing in the source | released as |",
           "|---|---|---|"]
     for v in spec.variables:
@@ -599,3 +474,30 @@ def internal_report(spec: ReleaseSpec, assignments: list[Assignment], profile: P
         L.append(f"| `{s.get('variable')}` | {s.get('stratum')} | {s.get('statistic', float('nan')):.4g} | "
                  f"{s.get('df')} | {s.get('p_value', float('nan')):.4g} | {s.get('passed')} |")
     return "\n".join(L) + "\n", data
+
+
+def internal_accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], profile: Profile,
+                              overall: pd.DataFrame) -> list[str]:
+    """The largest interval half-width predicted at the source's shares through the released channels, beside
+    the achieved one (confidential: it reads the profile). A group's attributes only when the profile kept its
+    rows (else its shares would need another pass over the source)."""
+    from pram_lib.pipeline.plan import true_share_halfwidths
+
+    z, hw, rows = z_of(spec.confidence), f"±{pct(spec.confidence)}", []
+    for v in spec.variables:
+        alist = [a for a in assignments if a.column == v.key]
+        kind = family_of(v).kind
+        if kind == "continuous" or not alist or overall.empty or \
+                (kind == "group" and profile.groups[v.key].codes is None):
+            continue
+        for name, predicted in true_share_halfwidths(spec, v, alist, profile).items():
+            got = overall[overall["variable"] == name]
+            achieved = z * float(got["se"].max()) if not got.empty else float("nan")
+            rows.append(f"| `{name}` | {predicted:.5f} | {achieved:.5f} |")
+    if not rows:
+        return []
+    return ["## Accuracy at the source's shares", "",
+            f"The largest {hw} half-width predicted at the source's true shares through the released channels "
+            "(what the release achieves up to sampling noise) beside the achieved one (estimates.csv).", "",
+            f"| variable | predicted largest {hw} at the true shares | achieved largest {hw} |", "|---|---|---|",
+            *rows, ""]

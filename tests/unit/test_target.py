@@ -57,6 +57,10 @@ budget: {budget}
     channel: rr-independent
     target: {{halfwidth: 0.05}}
 """
+# The same targets planned at the planning prior's shares (`over: prior`): the closed forms below are at them.
+SPEC_PRIOR = (SPEC.replace("target: {{halfwidth: 0.05}}", "target: {{halfwidth: 0.05, over: prior}}")
+              .replace("target: {{relative: 0.25, share_at_least: 0.1}}",
+                       "target: {{relative: 0.25, share_at_least: 0.1, over: prior}}"))
 
 
 def write_spec(folder: Path, budget: float = 20, rows: str = f"rows: {N}\n", population: str = "",
@@ -73,7 +77,7 @@ def write_spec(folder: Path, budget: float = 20, rows: str = f"rows: {N}\n", pop
 
 @pytest.fixture(scope="module")
 def resolved(tmp_path_factory):
-    return resolve_targets(load_spec(write_spec(tmp_path_factory.mktemp("target"))))
+    return resolve_targets(load_spec(write_spec(tmp_path_factory.mktemp("target"), text=SPEC_PRIOR)))
 
 
 def eps_of(spec, key: str) -> float:
@@ -197,7 +201,7 @@ def test_simulated_group_releases_meet_the_target(resolved):
 # -- the release reads the resolved ε ------------------------------------------------------------------------
 def test_a_spec_with_targets_releases_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PRAM_NO_SIDECAR", "1")
-    path = write_spec(tmp_path, population="population: {key: target-test, cap: 50}\n")
+    path = write_spec(tmp_path, population="population: {key: target-test, cap: 50}\n", text=SPEC_PRIOR)
     spec = resolve_targets(load_spec(path))
     want = {key: eps_of(spec, key) for key in ("a", "b", "grp")}
     assert math.isclose(want["a"], krr_smallest(0.05, 4), rel_tol=2e-4)
@@ -210,6 +214,7 @@ def test_a_spec_with_targets_releases_end_to_end(tmp_path, monkeypatch, capsys):
         target = entry["details"]["target"]
         assert target["epsilon"] == want[key] and target["rows"] == N
         assert target["target"]["confidence"] == 0.95 and target["predicted_largest_halfwidth"] <= 0.05 + 1e-12
+        assert target["over"] == "prior"
     assert doc["channels"][1]["details"]["target"]["target"] == {"relative": 0.25, "share_at_least": 0.1,
                                                                  "confidence": 0.95}
     assert set(doc["epsilon_by_variable"]) == set(want)
@@ -236,10 +241,14 @@ def test_a_spec_with_targets_releases_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def test_the_example_spec_resolves_its_targets():
+    """race: ±0.01 whatever the true shares. K-ary RR's estimate of a share is (m̂ − move)/d, of variance
+    m(1 − m)/(n d²), largest at m = 1/2: z·0.5/(sqrt(n) d) = h gives d, then e^ε = (1 + (k − 1) d)/(1 − d)."""
     spec = resolve_targets(load_spec(Path(__file__).resolve().parents[2] / "specs" / "adult-target.yaml"))
     race = next(v for v in spec.variables if v.key == "race")
-    exact = krr_smallest(0.01, 5, 32561)                          # 5 races, uniform planning shares
+    d = Z * 0.5 / (0.01 * math.sqrt(32561))
+    exact = math.log((1 + 4 * d) / (1 - d))                       # 5 races
     assert exact <= race.epsilon <= exact * (1 + 2e-4)
+    assert race.epsilon > krr_smallest(0.01, 5, 32561) * 1.1       # more than at the uniform planning shares
     assert spec.population is not None and ledger_bound(spec) <= spec.budget
 
 
@@ -269,7 +278,8 @@ def test_target_on_a_fixed_matrix_and_bad_targets_are_refused(tmp_path):
                        ("{{halfwidth: 0.05, relative: 0.1}}", "variables[0].target"),
                        ("{{relative: 0.1, share_at_least: 1}}", "variables[0].target.share_at_least"),
                        ("{{halfwidth: 0.05, max_epsilon: 0}}", "variables[0].target.max_epsilon"),
-                       ("{{halfwidth: 0.05, confidence: 0.3}}", "variables[0].target.confidence")):
+                       ("{{halfwidth: 0.05, confidence: 0.3}}", "variables[0].target.confidence"),
+                       ("{{halfwidth: 0.05, over: best}}", "variables[0].target.over")):
         e = error_of(write_spec(tmp_path, text=SPEC.replace("{{halfwidth: 0.05}}\n  - column: b",
                                                               f"{bad}\n  - column: b")), resolve=False)
         assert (e.field, e.line) == (field, 11), bad
@@ -286,17 +296,23 @@ def test_a_target_out_of_reach_under_max_epsilon_says_what_it_needs(tmp_path, re
     text = SPEC.replace("{{halfwidth: 0.05}}\n  - column: b", "{{halfwidth: 0.05, max_epsilon: 1}}\n  - column: b")
     e = error_of(write_spec(tmp_path, text=text))
     assert (e.field, e.line) == ("variables[0].target.max_epsilon", 11)
-    need = eps_of(resolved, "a")                                   # what the uncapped target resolves to
+    need = eps_of(resolve_targets(load_spec(write_spec(tmp_path))), "a")   # the uncapped target (worst case)
     assert f"it needs ε = {need:.5g}" in e.problem and f"raise `max_epsilon:` to {need:.5g}" in e.fix
-    # below the sampling error of n records no ε reaches it
-    text = SPEC.replace("{{halfwidth: 0.05}}\n  - column: b", "{{halfwidth: 0.01}}\n  - column: b")
+    # below the sampling error of n records no ε reaches it: at the planning share 1/4, z·sqrt(p(1 − p)/n); for
+    # every true share, the largest z·sqrt(t(1 − t)/n), at t = 1/2
+    text = SPEC_PRIOR.replace("{{halfwidth: 0.05, over: prior}}\n  - column: b", "{{halfwidth: 0.01, over: prior}}\n  - column: b")
     e = error_of(write_spec(tmp_path, text=text))
     assert e.field == "variables[0].target" and "out of reach at any ε" in e.problem
     assert f"{Z * math.sqrt(0.25 * 0.75 / N):.4g}" in e.problem
+    text = SPEC.replace("{{halfwidth: 0.05}}\n  - column: b", "{{halfwidth: 0.01}}\n  - column: b")
+    e = error_of(write_spec(tmp_path, text=text))
+    assert e.field == "variables[0].target" and "out of reach at any ε" in e.problem
+    assert f"{Z * math.sqrt(0.25 / N):.4g}" in e.problem and "for some true shares" in e.problem
 
 
 def test_a_share_threshold_no_category_reaches_and_the_budget_are_refused(tmp_path):
-    text = SPEC.replace("{{halfwidth: 0.05}}\n  - column: b", "{{halfwidth: 0.05, share_at_least: 0.3}}\n  - column: b")
+    text = SPEC.replace("{{halfwidth: 0.05}}\n  - column: b",
+                        "{{halfwidth: 0.05, share_at_least: 0.3, over: prior}}\n  - column: b")
     e = error_of(write_spec(tmp_path, text=text))
     assert e.field == "variables[0].target.share_at_least" and "largest share is 0.25" in e.problem
     e = error_of(write_spec(tmp_path, budget=3))                    # a, b and grp resolve to about 5 together
