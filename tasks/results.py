@@ -34,7 +34,10 @@ class SidecarJobs:
     """Work running in the sidecar process beside the flow's steps: the gate's GX suite, then the plots."""
 
     gx: Future
-    plots: Future
+    plots: tuple[Future, ...]
+
+    def plot_files(self) -> list[str]:
+        return [name for job in self.plots for name in job.result()]
 
 
 @step("estimate")
@@ -45,10 +48,13 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
     level = spec.confidence
     gx = stream.start_gx(spec, profile, plan, totals, stage.tmp / "validation")
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
+    plots = [sidecar.PLOTS.submit(publish.draw_plots, stage, estimates, None, None, level)]   # while curves come
     curves, summary = stream.continuous_totals(plan, totals, level)
-    values = totals.sample[list(curves["variable"].unique())] if not curves.empty else None
-    plots = sidecar.PLOTS.submit(publish.draw_plots, stage, estimates, curves, values, level)
-    return estimates, (curves, summary, stream.group_tables_totals(plan, totals, level)), SidecarJobs(gx, plots)
+    if not curves.empty:
+        values = totals.sample[list(curves["variable"].unique())]
+        plots.append(sidecar.MORE_PLOTS.submit(publish.draw_plots, stage, None, curves, values, level))
+    tables = stream.group_tables_totals(plan, totals, level)
+    return estimates, (curves, summary, tables), SidecarJobs(gx, tuple(plots))
 
 
 @step("validate")
@@ -86,7 +92,7 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
                           "from every row")
     columns = list(totals.sample.columns) if totals.sample is not None else []
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
-                                                  totals.rows, columns, started, jobs.plots.result(), processing)
+                                                  totals.rows, columns, started, jobs.plot_files(), processing)
     folder = publish.finish_release(stage, totals.sealed)
     _publish_artifacts(spec, assignments, report, overall, folder)
     return folder

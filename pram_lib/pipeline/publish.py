@@ -111,14 +111,17 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
     }
 
 
-def draw_plots(stage: Stage, estimates: pd.DataFrame, curves: pd.DataFrame, values_for_plots: pd.DataFrame | None,
-               level: float = 0.95) -> list[str]:
-    """The report's plots in plots/: each categorical variable's estimate beside its released frequencies,
-    and each continuous variable's deconvolved curves beside its released values (the whole table or a
-    uniform sample of it). Returns their file names, relative to the release folder."""
-    overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
-    plots = write_plots(stage, overall, level=level)
-    if not curves.empty:
+def draw_plots(stage: Stage, estimates: pd.DataFrame | None, curves: pd.DataFrame | None,
+               values_for_plots: pd.DataFrame | None, level: float = 0.95) -> list[str]:
+    """The report's plots in plots/: each categorical variable's estimate beside its released frequencies
+    (from `estimates`), and each continuous variable's deconvolved curves beside its released values (the whole
+    table or a uniform sample of it; from `curves`); None skips a kind. Returns their file names, relative to
+    the release folder."""
+    plots = []
+    if estimates is not None:
+        overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
+        plots += write_plots(stage, overall, level=level)
+    if curves is not None and not curves.empty:
         plots += write_noise_plots(stage, curves, values_for_plots, level=level)
     return plots
 

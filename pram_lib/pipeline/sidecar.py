@@ -146,27 +146,32 @@ class _ForkedSidecar:
 _WARM = ("great_expectations", "great_expectations.expectations", "pram_lib.core.validate",
          "pram_lib.pipeline.publish", "matplotlib.figure", "matplotlib.backends.backend_agg")
 GX = Sidecar("sidecar", _WARM)
-_OWN_PLOTS = Sidecar("plots", _WARM)
+_OWN_PLOTS = (Sidecar("plots", _WARM), Sidecar("plots-2", _WARM))
 
 
 class _Plots:
-    """The plots' sidecar: a process of its own when sidecars are forks (free to start), so that the plots are
-    drawn beside the GX suite; otherwise GX's process after the suite, since on 2 cores a second interpreter
-    importing pandas, scipy and pram_lib again cost more CPU than it saved (demo wall 7.1 -> 7.9 s)."""
+    """A plots' sidecar: a process of its own when sidecars are forks (free to start), so that plots are
+    drawn beside the GX suite and each other; otherwise GX's process after the suite, since on 2 cores a
+    second interpreter importing pandas, scipy and pram_lib again cost more CPU than it saved (demo wall
+    7.1 -> 7.9 s)."""
+
+    def __init__(self, own: Sidecar):
+        self.own = own
 
     def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
-        return (_OWN_PLOTS if _OWN_PLOTS.running() else GX).submit(fn, *args, **kwargs)
+        return (self.own if self.own.running() else GX).submit(fn, *args, **kwargs)
 
 
-PLOTS = _Plots()
-ALL = (GX, _OWN_PLOTS)
+PLOTS, MORE_PLOTS = _Plots(_OWN_PLOTS[0]), _Plots(_OWN_PLOTS[1])
+ALL = (GX, *_OWN_PLOTS)
 
 
 def start() -> None:
     """Start every sidecar (a release does this first)."""
     GX.start()
-    if FORK_WARM and threading.active_count() == 1:   # never a second interpreter for the plots
-        _OWN_PLOTS.start()
+    if FORK_WARM and threading.active_count() == 1:   # never another interpreter for the plots
+        for own in _OWN_PLOTS:
+            own.start()
 
 
 def settle() -> None:
