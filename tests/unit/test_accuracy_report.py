@@ -93,11 +93,10 @@ def dense_halfwidth(matrix: np.ndarray, p: np.ndarray, n: float) -> float:
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
-    import os
-
-    os.environ["PRAM_NO_SIDECAR"] = "1"
-    path = write_spec(tmp_path_factory.mktemp("acc"))
-    return path, publish_locally(path, seed=5)
+    with pytest.MonkeyPatch.context() as env:   # module scope: undone after the release, not leaked
+        env.setenv("PRAM_NO_SIDECAR", "1")
+        path = write_spec(tmp_path_factory.mktemp("acc"))
+        return path, publish_locally(path, seed=5)
 
 
 def report_rows(report: str) -> dict[str, list[str]]:
