@@ -57,10 +57,23 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+def tree_pss(proc: psutil.Process) -> int:
+    """Proportional set size of a process tree: pages shared between processes (a fork and its parent) count
+    once in all, split among them; RSS would count them in each."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total
+
+
 def communicate_sampling_rss(proc: subprocess.Popen, runner: int | None = None) -> tuple[str, str, int]:
     """proc.communicate(), sampling the peak RSS of its process tree every 50 ms meanwhile: (out, err, peak).
-    With a warm runner's pid, its descendants (the run it forked and their sidecars) count too; the idle runner
-    itself does not (the pages the run shares with it are in the run's RSS already)."""
+    With a warm runner's pid: the peak PSS of the caller and of the runner's descendants (the run it forked and
+    the run's forked sidecars, which share most of their pages with the runner: RSS would count those pages
+    once per process); the idle runner's own share is left out."""
     peak, ps = 0, psutil.Process(proc.pid)
     forks = psutil.Process(runner) if runner else None
     stop = threading.Event()
@@ -68,9 +81,10 @@ def communicate_sampling_rss(proc: subprocess.Popen, runner: int | None = None) 
     def sample():
         nonlocal peak
         while not stop.is_set():
-            total = tree_rss(ps)
-            if forks is not None:
-                total += sum(tree_rss(c) for c in forks.children())
+            if forks is None:
+                total = tree_rss(ps)
+            else:
+                total = tree_pss(ps) + sum(tree_pss(c) for c in forks.children())
             peak = max(peak, total)
             time.sleep(0.05)
 
@@ -283,7 +297,9 @@ def main() -> None:
               "flow time; Prefect server start excluded). Wall: the whole `pram-release run` process, including "
               "Python and Prefect imports (and, for dask, starting the local cluster).",
               f"Benchmark total {time.perf_counter() - t_all:.0f} s (census generation included when not cached).",
-              "Rows/s = rows / flow time. Peak RSS: largest summed RSS of the run's process tree (50 ms sampling).",
+              "Rows/s = rows / flow time. Peak RSS: largest summed RSS of the run's process tree (50 ms sampling); "
+              "for the run in the warm runner, the summed PSS of the caller and of the processes the runner forked "
+              "for the run (the run and its sidecars share most pages with the runner and with each other).",
               "Six protected variables (3 optimal PRAM with DP priors, one of them stratified by sex; 2 uniform RR; "
               "1 Gamma noise with optimised (theta, eta)) plus one pass-through column; chunks of 10^6 rows.",
               *verdicts, *speedups]
