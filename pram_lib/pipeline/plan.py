@@ -51,15 +51,21 @@ ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of rec
 
 
 # -- closed forms ---------------------------------------------------------------------------------------
-def share_variance(channel, p: np.ndarray, n: float) -> np.ndarray | None:
-    """Var of each share's unbiased estimate: diag(G diag(m) G^T − p p^T) / n with m = M^T p (the estimator's own
-    operators, O(S) for a keep-uniform channel); None when the estimator would refuse the channel as singular."""
+def _usable_ops(channel):
+    """The estimator's operators for `channel`, or None when the estimator would refuse it as singular."""
     try:
         ops = _ops(channel)
     except NonIdentifiableError:
         return None
     cond = ops.condition()
-    if not np.isfinite(cond) or cond > DEFAULT_MAX_CONDITION:
+    return ops if np.isfinite(cond) and cond <= DEFAULT_MAX_CONDITION else None
+
+
+def share_variance(channel, p: np.ndarray, n: float) -> np.ndarray | None:
+    """Var of each share's unbiased estimate: diag(G diag(m) G^T − p p^T) / n with m = M^T p (the estimator's own
+    operators, O(S) for a keep-uniform channel); None when the estimator would refuse the channel as singular."""
+    ops = _usable_ops(channel)
+    if ops is None:
         return None
     p = np.asarray(p, dtype=float)
     return np.maximum(ops.var_diag(ops.mt(p), p), 0.0) / n
@@ -68,12 +74,8 @@ def share_variance(channel, p: np.ndarray, n: float) -> np.ndarray | None:
 def variance_coefficients(channel) -> np.ndarray | None:
     """C with n Var(p̂_x) = (C p)_x − p_x² for every true distribution p: C[x, z] = Σ_y G_xy² M_zy (column z is
     (G∘G) M^T e_z); None when the estimator would refuse the channel as singular."""
-    try:
-        ops = _ops(channel)
-    except NonIdentifiableError:
-        return None
-    cond = ops.condition()
-    if not np.isfinite(cond) or cond > DEFAULT_MAX_CONDITION:
+    ops = _usable_ops(channel)
+    if ops is None:
         return None
     unit = np.eye(channel.n_inputs)
     zero = np.zeros(channel.n_inputs)
