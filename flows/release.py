@@ -74,6 +74,7 @@ def _release(run: ReleaseRun, spec) -> Path:
             profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner)
     else:
         profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None)
+    sidecar.stop_chunk_workers()   # and the chunks they kept
     source_unchanged_task(spec, source_sha)
     run.assignments = assignments
     run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))

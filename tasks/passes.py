@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from pram_lib.ops import audit
-from pram_lib.pipeline import release, stream
+from pram_lib.pipeline import release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.privacy import Seed
 from tasks.steps import _mark, _transient, private_errors, release_key, step, timed
@@ -76,9 +76,9 @@ def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
 
 @step("profile-pass")
 def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs) -> stream.Sketch:
-    """Pass 1 on one core: every chunk in order."""
+    """Pass 1 in this process: every chunk in order (in the warm runner, on forked chunk workers)."""
     progress = Progress(spec, "profile", sum(r.rows for r in refs) if refs else None)
-    sketch = stream.profile_pass(spec, seed.value, progress.advance)
+    sketch = stream.profile_pass(spec, seed.value, progress.advance, sidecar.chunk_workers())
     progress.advance(0, final=True)
     return sketch
 
@@ -105,9 +105,9 @@ def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed
 
 @step("perturb-pass")
 def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
-    """Pass 2 on one core: perturb and write every chunk in order."""
+    """Pass 2 in this process: perturb and write every chunk in order (on pass 1's chunk workers, if any)."""
     progress = Progress(plan.spec, "perturb", plan.profile_rows)
-    totals = stream.perturb_pass(plan, progress.advance)
+    totals = stream.perturb_pass(plan, progress.advance, sidecar.chunk_workers())
     progress.advance(0, final=True)
     return totals
 

@@ -26,6 +26,9 @@ def combination_counts(df: pd.DataFrame, columns: list[str],
                        max_cells: int | None = None) -> tuple[list[np.ndarray], np.ndarray] | None:
     """The combinations of `columns` that occur in `df` and their row counts: one object array of values per
     column (None = missing) and the counts, in a fixed order. None when more than `max_cells` occur."""
+    if max_cells is not None and len(df) > 4 * max_cells and combination_counts(df.iloc[:2 * max_cells], columns,
+                                                                              max_cells) is None:
+        return None   # already more than max_cells in the first rows: no need to count them all
     coded = [codes_of(df[c]) for c in columns]
     sizes = [len(values) for _, values in coded]
     if not coded:

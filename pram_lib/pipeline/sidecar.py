@@ -163,7 +163,10 @@ class _Plots:
 
 
 PLOTS, MORE_PLOTS = _Plots(_OWN_PLOTS[0]), _Plots(_OWN_PLOTS[1])
-ALL = (GX, *_OWN_PLOTS)
+# Forks that work on the source's chunks beside each other (pass 1 and pass 2 of a streamed Parquet release):
+# processes, so numpy and pandas code that holds the GIL runs on both cores at once.
+_CHUNK_WORKERS = (Sidecar("chunks-1", ()), Sidecar("chunks-2", ()))
+ALL = (GX, *_OWN_PLOTS, *_CHUNK_WORKERS)
 
 
 def start() -> None:
@@ -172,6 +175,29 @@ def start() -> None:
     if FORK_WARM and threading.active_count() == 1:   # never another interpreter for the plots
         for own in _OWN_PLOTS:
             own.start()
+        for worker in _CHUNK_WORKERS[:_cores()]:
+            worker.start()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # no affinity call on this platform
+        return 1
+
+
+def chunk_workers() -> list[Sidecar]:
+    """The chunk workers that run (forked by :func:`start`, two at most; none outside the warm runner or with
+    one core)."""
+    running = [w for w in _CHUNK_WORKERS if w.running()]
+    return running if len(running) > 1 and os.environ.get("PRAM_NO_CHUNK_WORKERS") != "1" else []
+
+
+def stop_chunk_workers() -> None:
+    """End the chunk workers (after pass 2: they hold chunks kept between the passes)."""
+    for worker in _CHUNK_WORKERS:
+        worker.settle()
+        worker.stop()
 
 
 def settle() -> None:

@@ -344,8 +344,16 @@ def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd
     return _profile_chunks(spec, ((ref, load(spec, chunk)) for ref, chunk in chunks), seed, threads=1)
 
 
-def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
-    """Pass 1 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
+def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None, workers=()) -> Sketch:
+    """Pass 1 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each. With `workers`
+    (forked processes, :mod:`sidecar`), a Parquet source's chunks are read and profiled there, each worker
+    keeping the chunks it read for pass 2 (:data:`KEEP_CHUNK_BYTES`)."""
+    refs = plan_chunks(spec) if workers else None
+    if refs is not None and len(refs) > 1:
+        for worker in workers:
+            worker.submit(forget_chunks)
+        return _fold_in_workers(workers, refs, lambda ref: (profile_in_worker, spec, ref, seed), merge_sketches,
+                                on_chunk)
     return _profile_chunks(spec, iter_chunks(spec), seed, on_chunk) or Sketch()
 
 
@@ -529,9 +537,73 @@ def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFr
     return _perturb_chunks(plan, ((ref, load(plan.spec, chunk)) for ref, chunk in chunks), threads=1)
 
 
-def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
-    """Pass 2 over the whole source in one process, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
+def perturb_pass(plan: Plan, on_chunk=None, workers=()) -> ChunkResult:
+    """Pass 2 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each. With the
+    `workers` of pass 1, each perturbs and writes the chunks it profiled, from memory where it kept them."""
+    refs = plan_chunks(plan.spec) if workers and plan.out_dir is not None else None
+    if refs is not None and len(refs) > 1:
+        return _fold_in_workers(workers, refs, lambda ref: (perturb_in_worker, plan, ref),
+                                lambda a, b: merge_results([a, b]), on_chunk)
     return _perturb_chunks(plan, iter_chunks(plan.spec), on_chunk)
+
+
+# -- chunks in forked worker processes (the warm runner's streamed Parquet releases) ---------------------
+KEEP_CHUNK_BYTES = 256 * 2 ** 20   # per worker: chunks pass 1 read, kept for pass 2 (beyond: read again)
+_KEPT: dict = {"chunks": {}, "bytes": 0, "overflowed": set()}   # a worker process's own state
+
+
+def forget_chunks() -> None:
+    """A worker drops what an earlier pass kept (run first in every pass 1)."""
+    _KEPT.update(chunks={}, bytes=0, overflowed=set())
+
+
+def profile_in_worker(spec: ReleaseSpec, ref: ChunkRef, seed: int) -> Sketch:
+    """Pass 1 on one chunk in a worker: read it, keep it for pass 2 while KEEP_CHUNK_BYTES allows, profile it.
+    The key combinations are not counted again once this worker's chunks overflowed (so has the fold)."""
+    df = read_chunk(spec, ref)
+    size = int(df.memory_usage(deep=True).sum())
+    if _KEPT["bytes"] + size <= KEEP_CHUNK_BYTES:
+        _KEPT["chunks"][ref.index] = (df, size)
+        _KEPT["bytes"] += size
+    return _noting_overflow("profile", profile_chunk(spec, df, ref, seed, "profile" not in _KEPT["overflowed"]))
+
+
+def perturb_in_worker(plan: Plan, ref: ChunkRef) -> ChunkResult:
+    """Pass 2 on one chunk in a worker: the chunk pass 1 kept (or read again), perturbed and written."""
+    kept = _KEPT["chunks"].pop(ref.index, None)
+    if kept is None:
+        df = read_chunk(plan.spec, ref)
+    else:
+        df, size = kept
+        _KEPT["bytes"] -= size
+    return _noting_overflow("perturb", perturb_chunk(plan, df, ref, "perturb" not in _KEPT["overflowed"]))
+
+
+def _noting_overflow(which: str, part):
+    if part.key_cells is not None and part.key_cells.overflow:
+        _KEPT["overflowed"].add(which)
+    return part
+
+
+def _fold_in_workers(workers, refs: list[ChunkRef], job, fold, on_chunk=None):
+    """Chunk i runs in worker i mod len(workers) (so pass 2 finds the chunks its worker kept); the results
+    folded in chunk order. An error cancels the chunks not started and is raised here."""
+    futures = []
+    for i, ref in enumerate(refs):
+        fn, *args = job(ref)
+        futures.append((ref, workers[i % len(workers)].submit(fn, *args)))
+    acc = None
+    try:
+        for done, (ref, future) in enumerate(futures, 1):
+            part = future.result()
+            acc = part if acc is None else fold(acc, part)
+            if on_chunk is not None:
+                on_chunk(ref.rows, done)
+    except BaseException:
+        for _, future in futures:
+            future.cancel()
+        raise
+    return acc
 
 
 def part_files(chunk: int | None, data_formats: list[str]) -> list[str]:
@@ -556,7 +628,8 @@ def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: lis
         (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
         kind = name.rsplit(".", 1)[-1]
         if kind == "parquet":
-            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), out_dir / name)
+            arrow = pa.Table.from_pandas(frame, preserve_index=False)
+            pq.write_table(arrow, out_dir / name, write_statistics=_worth_statistics(arrow))
         elif kind == "csv":
             frame.to_csv(out_dir / name, index=False)
         else:
@@ -565,6 +638,14 @@ def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: lis
             formats.WRITERS[kind](table, out_dir / name)
         sealed[name] = seal_file(out_dir / name)
     return sealed
+
+
+def _worth_statistics(table) -> list[str]:
+    """Columns whose min/max go into the Parquet metadata: not dictionary-coded ones (categories: every part holds
+    nearly all of them, so min/max skip nothing, and computing them was a third of the write)."""
+    import pyarrow as pa
+
+    return [f.name for f in table.schema if not pa.types.is_dictionary(f.type)]
 
 
 def merge_results(parts: list[ChunkResult]) -> ChunkResult:

@@ -52,3 +52,21 @@ def test_many_columns_past_one_integer_fall_back_to_unique_rows():
     df = pd.DataFrame({f"c{i}": rng.integers(0, 2 ** 20, 300) for i in range(8)})   # about 301^8 > 2^62 cells
     df.loc[5:9] = df.loc[0].to_numpy()
     assert found(df, list(df.columns)) == brute(df, list(df.columns))
+
+
+def test_the_cap_is_judged_on_every_row_whether_the_first_rows_cross_it_or_not():
+    """With many rows per allowed cell, the first 2·cap rows are counted first; the answer is the full count's."""
+    cap = 20
+    n = 4 * cap + 40
+    repeated = np.arange(n) % 5                        # 5 cells everywhere
+    late = np.where(np.arange(n) < n - 30, 0, np.arange(n))   # 1 cell, then 30 distinct ones at the end
+    early = np.where(np.arange(n) < 30, np.arange(n), 0)      # 30 distinct ones at the start, then 1 cell
+    for values, crosses in ((repeated, False), (late, True), (early, True)):
+        df = pd.DataFrame({"k": values, "j": np.zeros(n, dtype=int)})
+        cells = len(brute(df, ["k", "j"]))
+        assert (cells > cap) == crosses
+        got = combination_counts(df, ["k", "j"], max_cells=cap)
+        if crosses:
+            assert got is None
+        else:
+            assert found(df, ["k", "j"], cap) == brute(df, ["k", "j"])

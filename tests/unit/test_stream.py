@@ -158,6 +158,20 @@ def test_parts_form_one_table_with_every_row(done, census):
     assert (table["sex"].astype(str).to_numpy() == src.to_numpy()).all()
 
 
+def test_parts_carry_min_max_of_numeric_columns_only(done):
+    """Parquet statistics: a numeric column's min/max are its values' (readers can skip parts by range); a
+    dictionary-coded categorical column has none (nearly every part holds every category)."""
+    for part in sorted((done["out"] / "data").glob("*.parquet")):
+        meta, table = pq.ParquetFile(part).metadata, pq.read_table(part)
+        for j, name in enumerate(table.column_names):
+            stats = meta.row_group(0).column(j).statistics
+            if name == "hours":
+                x = table.column(name).to_numpy()
+                assert stats.has_min_max and (stats.min, stats.max) == (np.nanmin(x), np.nanmax(x))
+            else:
+                assert stats is None or not stats.has_min_max, name
+
+
 def test_uniform_rr_keep_rate_matches_closed_form(done, census):
     """rr-uniform with γ keeps the true value with probability γ/(γ+k-1) (Chai–Nayak P0)."""
     released = pd.read_parquet(done["out"] / "data", columns=["region", "marital_status"])
