@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from pram_lib.ops import audit
 from pram_lib.pipeline import release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
+from tasks.artifacts import post
 from tasks.privacy import Seed
 from tasks.steps import _mark, _transient, private_errors, release_key, step, timed
 
@@ -41,13 +42,11 @@ class Progress:
 
         self.step, self.total, self.rows, self.t0, self.last = step, total_rows, 0, time.perf_counter(), 0.0
         self.done = 0
-        self.id = create_progress_artifact(progress=0.0, key=f"{release_key(spec)}-{step}-progress",
-                                           description=f"{spec.release}: {step} pass over the source")
+        self.created = post(create_progress_artifact, progress=0.0, key=f"{release_key(spec)}-{step}-progress",
+                            description=f"{spec.release}: {step} pass over the source")
 
     def advance(self, rows: int, chunks_done: int | None = None, final: bool = False) -> None:
         import time
-
-        from prefect.artifacts import update_progress_artifact
 
         self.rows += rows
         self.done = self.done if chunks_done is None else chunks_done
@@ -58,10 +57,16 @@ class Progress:
         rate = self.rows / max(now - self.t0, 1e-9)
         pct = 100.0 * self.rows / self.total if self.total else None
         eta = f", about {(self.total - self.rows) / rate:.0f} s left" if self.total and rate > 0 else ""
-        update_progress_artifact(artifact_id=self.id, progress=100.0 if final else (pct or 0.0))
+        post(_update_progress, self.created, 100.0 if final else (pct or 0.0))
         get_run_logger().info("%s: %d chunks, %s rows%s, %.2f M rows/s%s", self.step, self.done,
                               f"{self.rows:,}", f" of {self.total:,} ({pct:.0f}%)" if pct is not None else "",
                               rate / 1e6, eta)
+
+
+def _update_progress(created, progress: float) -> None:
+    from prefect.artifacts import update_progress_artifact
+
+    update_progress_artifact(artifact_id=created.result(), progress=progress)   # posted after its creation
 
 
 @step("open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient)

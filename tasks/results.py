@@ -17,6 +17,7 @@ from pram_lib.core.guarantee import NotDP
 from pram_lib.families import family_of
 from pram_lib.pipeline import publish, release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
+from tasks.artifacts import post
 from tasks.privacy import ValidationGateFailed
 from tasks.steps import _JOURNALS, _flow_run_id, _mark, release_key, step
 
@@ -60,8 +61,8 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
 @step("validate")
 def validate_task(spec, profile, plan, totals, stage: publish.Stage, jobs: SidecarJobs) -> dict:
     result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", jobs.gx)
-    create_table_artifact(key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
-                          description=f"Great Expectations results ({result['gx']['scope']})")
+    post(create_table_artifact, key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
+         description=f"Great Expectations results ({result['gx']['scope']})")
     return _gate(result)
 
 
@@ -140,8 +141,8 @@ def ui_markdown(report: str, folder: Path) -> str:
 def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) -> None:
     """The report, a table of the variables and a link to the folder, in the Prefect UI."""
     key = release_key(spec)
-    create_markdown_artifact(key=f"{key}-report", markdown=ui_markdown(report, folder),
-                             description=f"Release report: {folder.name}")
+    post(create_markdown_artifact, key=f"{key}-report", markdown=ui_markdown(report, folder),
+         description=f"Release report: {folder.name}")
     tvd = release.expected_tvd(overall)
     spent = release.spent_by_variable(assignments)
     rows = []
@@ -156,8 +157,8 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
                      "gamma": "not DP" if eps is None else round(math.exp(eps), 6),
                      "mutual_information": None if mi is None or mi != mi else round(mi, 6),
                      "estimated_tvd": round(tvd[v.key], 6) if v.key in tvd else None})
-    create_table_artifact(key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
-    create_link_artifact(key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+    post(create_table_artifact, key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
+    post(create_link_artifact, key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
 
 
 @step("internal-report")

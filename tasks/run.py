@@ -20,6 +20,7 @@ from pram_lib import __version__
 from pram_lib.ops import audit
 from pram_lib.ops.audit import utc_now
 from pram_lib.pipeline import publish, release
+from tasks.artifacts import post, wait_posted
 from tasks.privacy import StepFailed, current_fixed_seed
 from tasks.run_log import audit_task, finish_run_task, hand_over_journal, settle_budget_task
 from tasks.steps import release_key
@@ -155,11 +156,13 @@ class ReleaseRun:
     def _summary(self, outcome: str, err: StepFailed | None = None, audited: bool = True) -> None:
         """One artifact per run: released or refused, the folder, ε spent and left, the gate, the clean-up."""
         try:
-            create_markdown_artifact(key=f"{release_key(self.spec) if self.spec else 'release'}-summary",
-                                     markdown=self._summary_markdown(outcome, err, audited),
-                                     description=f"Release run summary: {outcome}")
+            post(create_markdown_artifact, key=f"{release_key(self.spec) if self.spec else 'release'}-summary",
+                 markdown=self._summary_markdown(outcome, err, audited),
+                 description=f"Release run summary: {outcome}")
         except Exception as exc:
             get_run_logger().warning("could not write the summary artifact: %s", type(exc).__name__)
+        for kind in wait_posted():   # the run ends with every artifact in the UI
+            get_run_logger().warning("could not write an artifact to the Prefect API: %s", kind)
 
     def _summary_markdown(self, outcome: str, err: StepFailed | None, audited: bool) -> str:
         spec = self.spec
