@@ -66,6 +66,7 @@ def _release(run: ReleaseRun, spec) -> Path:
     """Two passes over the source's chunks (one chunk in memory; chunks on one core or mapped on Dask):
     profile, choose, perturb and write, estimate, validate, publish."""
     sidecar.start()   # GX and matplotlib load in sidecar processes while this one reads the data
+    stream.prefetch(spec, sidecar.chunk_workers())   # the budget is reserved: chunk workers may read now
     seed = seed_task(spec, run.run_id, run.seed)
     stage = run.stage = stage_task(spec)
     source_sha, refs = open_source_task(spec)

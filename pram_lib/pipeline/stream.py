@@ -351,7 +351,7 @@ def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None, workers=()) -> Ske
     refs = plan_chunks(spec) if workers else None
     if refs is not None and len(refs) > 1:
         for worker in workers:
-            worker.submit(forget_chunks)
+            worker.submit(begin_pass, "profile")
         return _fold_in_workers(workers, refs, lambda ref: (profile_in_worker, spec, ref, seed), merge_sketches,
                                 on_chunk)
     return _profile_chunks(spec, iter_chunks(spec), seed, on_chunk) or Sketch()
@@ -480,7 +480,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     if plan.out_dir is not None:
         chunk = None if plan.engine == "memory" else ref.index
         res.files = part_files(chunk, spec.formats)
-        res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files, plan.labels) or {}
+        noisy = [v.column for v in spec.variables if family_of(v).kind == "continuous"]
+        res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files, plan.labels, noisy) or {}
     keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
     res.sample_at = ref.start + np.flatnonzero(keep)
@@ -495,10 +496,10 @@ class _PartWriter:
     def __init__(self, pool):
         self.pool, self.last, self.lock, self.sealed = pool, None, threading.Lock(), {}
 
-    def __call__(self, frame, out_dir, chunk, files, labels=None) -> None:
+    def __call__(self, frame, out_dir, chunk, files, labels=None, noisy=()) -> None:
         with self.lock:
             self.wait()
-            self.last = self.pool.submit(_write_now, frame, out_dir, chunk, files, labels)
+            self.last = self.pool.submit(_write_now, frame, out_dir, chunk, files, labels, noisy)
 
     def wait(self) -> None:
         if self.last is not None:
@@ -542,40 +543,83 @@ def perturb_pass(plan: Plan, on_chunk=None, workers=()) -> ChunkResult:
     `workers` of pass 1, each perturbs and writes the chunks it profiled, from memory where it kept them."""
     refs = plan_chunks(plan.spec) if workers and plan.out_dir is not None else None
     if refs is not None and len(refs) > 1:
+        for worker in workers:
+            worker.submit(begin_pass, "perturb")
         return _fold_in_workers(workers, refs, lambda ref: (perturb_in_worker, plan, ref),
                                 lambda a, b: merge_results([a, b]), on_chunk)
     return _perturb_chunks(plan, iter_chunks(plan.spec), on_chunk)
 
 
 # -- chunks in forked worker processes (the warm runner's streamed Parquet releases) ---------------------
-KEEP_CHUNK_BYTES = 256 * 2 ** 20   # per worker: chunks pass 1 read, kept for pass 2 (beyond: read again)
+KEEP_CHUNK_BYTES = 256 * 2 ** 20   # per worker: chunks read before pass 2, kept for it (beyond: read again)
 _KEPT: dict = {"chunks": {}, "bytes": 0, "overflowed": set()}   # a worker process's own state
 
 
-def forget_chunks() -> None:
-    """A worker drops what an earlier pass kept (run first in every pass 1)."""
-    _KEPT.update(chunks={}, bytes=0, overflowed=set())
+def prefetch(spec: ReleaseSpec, workers) -> None:
+    """Let the `workers` read their share of a streamed Parquet source now (while the run's first steps talk to
+    the orchestrator), so that pass 1 finds it in memory. Best effort: any problem is left to the steps that
+    check the source, which report it."""
+    if len(workers) < 2 or spec.engine.mode != "stream" or spec.source.format != "parquet":
+        return
+    try:
+        refs = plan_chunks(spec)
+    except Exception:
+        return
+    for i, worker in enumerate(workers):
+        worker.submit(keep_chunks, spec, refs[i::len(workers)])
+
+
+def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef]) -> None:
+    """A worker drops what it kept and reads `refs` into memory, as far as KEEP_CHUNK_BYTES allows."""
+    _KEPT.update(chunks={}, bytes=0)
+    try:
+        for ref in refs:
+            if not _kept_or_read(spec, ref, keep=True, take=False)[1]:
+                return
+    except Exception:   # the pass reads it again and reports it
+        return
+
+
+def begin_pass(which: str) -> None:
+    """A worker forgets whether the key combinations overflowed in an earlier run of this pass."""
+    _KEPT["overflowed"].discard(which)
+
+
+def _chunk_key(spec: ReleaseSpec, ref: ChunkRef) -> tuple:
+    path = spec.resolve(spec.source.path)
+    st = path.stat()
+    return str(path), st.st_mtime_ns, st.st_size, ref.row_groups, tuple(needed_columns(spec))
+
+
+def _kept_or_read(spec: ReleaseSpec, ref: ChunkRef, keep: bool, take: bool) -> tuple[pd.DataFrame, bool]:
+    """The chunk, from memory if kept (and no longer kept if `take`), else read (and kept if `keep` and it
+    fits); and whether it is kept now."""
+    key = _chunk_key(spec, ref)
+    kept = _KEPT["chunks"].get(key)
+    if kept is not None:
+        if take:
+            del _KEPT["chunks"][key]
+            _KEPT["bytes"] -= kept[1]
+        return kept[0], not take
+    df = read_chunk(spec, ref)
+    size = int(df.memory_usage(deep=True).sum())
+    if keep and _KEPT["bytes"] + size <= KEEP_CHUNK_BYTES:
+        _KEPT["chunks"][key] = (df, size)
+        _KEPT["bytes"] += size
+        return df, True
+    return df, False
 
 
 def profile_in_worker(spec: ReleaseSpec, ref: ChunkRef, seed: int) -> Sketch:
-    """Pass 1 on one chunk in a worker: read it, keep it for pass 2 while KEEP_CHUNK_BYTES allows, profile it.
-    The key combinations are not counted again once this worker's chunks overflowed (so has the fold)."""
-    df = read_chunk(spec, ref)
-    size = int(df.memory_usage(deep=True).sum())
-    if _KEPT["bytes"] + size <= KEEP_CHUNK_BYTES:
-        _KEPT["chunks"][ref.index] = (df, size)
-        _KEPT["bytes"] += size
+    """Pass 1 on one chunk in a worker: kept or read (and kept for pass 2 while KEEP_CHUNK_BYTES allows),
+    profiled. The key combinations are not counted again once this worker's chunks overflowed (so has the fold)."""
+    df, _ = _kept_or_read(spec, ref, keep=True, take=False)
     return _noting_overflow("profile", profile_chunk(spec, df, ref, seed, "profile" not in _KEPT["overflowed"]))
 
 
 def perturb_in_worker(plan: Plan, ref: ChunkRef) -> ChunkResult:
     """Pass 2 on one chunk in a worker: the chunk pass 1 kept (or read again), perturbed and written."""
-    kept = _KEPT["chunks"].pop(ref.index, None)
-    if kept is None:
-        df = read_chunk(plan.spec, ref)
-    else:
-        df, size = kept
-        _KEPT["bytes"] -= size
+    df, _ = _kept_or_read(plan.spec, ref, keep=False, take=True)
     return _noting_overflow("perturb", perturb_chunk(plan, df, ref, "perturb" not in _KEPT["overflowed"]))
 
 
@@ -617,9 +661,10 @@ def part_files(chunk: int | None, data_formats: list[str]) -> list[str]:
 
 
 def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str],
-               labels: formats.Labels | None = None) -> dict[str, dict]:
+               labels: formats.Labels | None = None, noisy=()) -> dict[str, dict]:
     """Write one chunk's files; flush them and return their manifest entries. `labels`: the value and variable
-    labels of the .dta and .sav files."""
+    labels of the .dta and .sav files. `noisy`: columns of continuous values with noise added, written without
+    Parquet's dictionary encoding (nearly every value differs, so building the dictionary was wasted)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -629,7 +674,8 @@ def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: lis
         kind = name.rsplit(".", 1)[-1]
         if kind == "parquet":
             arrow = pa.Table.from_pandas(frame, preserve_index=False)
-            pq.write_table(arrow, out_dir / name, write_statistics=_worth_statistics(arrow))
+            pq.write_table(arrow, out_dir / name, write_statistics=_worth_statistics(arrow),
+                           use_dictionary=[c for c in arrow.column_names if c not in noisy])
         elif kind == "csv":
             frame.to_csv(out_dir / name, index=False)
         else:

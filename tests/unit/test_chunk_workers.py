@@ -1,7 +1,8 @@
 """Chunk workers (the warm runner's streamed Parquet releases): pass 1 and pass 2 in forked processes, each
 keeping the chunks it read for pass 2. Randomness is addressed by row, so the release must be the one the
 threads of a single process publish, bit for bit: the same parts, counts, samples and risk measures, whether
-a worker kept its chunks or read them again; a bad value in a late chunk is the same located error.
+a worker kept its chunks, read them again or read them ahead of pass 1; a bad value in a late chunk is the
+same located error.
 
 Forking needs a single-threaded process, so each case runs in a fresh interpreter."""
 
@@ -37,6 +38,8 @@ sidecar.start()
 workers = sidecar.chunk_workers()
 spec = load_spec(spec_path)
 try:
+    if mode == "prefetch":
+        stream.prefetch(spec, workers)   # the workers read their chunks before pass 1 asks for them
     sketch = stream.profile_pass(spec, 99, None, workers)
     profile = stream.finish_profile(spec, sketch)
     assignments = release.choose_channels(spec, profile, 99)
@@ -83,10 +86,11 @@ def test_workers_publish_what_threads_publish(census, tmp_path):
     threads = _run(census, "threads", tmp_path / "threads")
     kept = _run(census, "workers", tmp_path / "kept")
     reread = _run(census, "reread", tmp_path / "reread")
-    assert threads["workers"] == 0 and kept["workers"] == reread["workers"] == 2
+    prefetched = _run(census, "prefetch", tmp_path / "prefetched")
+    assert threads["workers"] == 0 and kept["workers"] == reread["workers"] == prefetched["workers"] == 2
     assert len(kept["worker_pids"]) == 2   # two processes, neither of them the caller
     assert threads["chunks"] == list(range(ROWS // CHUNK)) and threads["rows"] == threads["data_rows"] == ROWS
-    for other in (kept, reread):
+    for other in (kept, reread, prefetched):
         for key in threads:
             if key not in ("workers", "worker_pids"):
                 assert other[key] == threads[key], key
@@ -104,6 +108,7 @@ def test_a_bad_value_in_a_late_chunk_is_the_same_located_error(census, tmp_path)
                       chunk_rows=CHUNK, seed=99)
     threads = _run(spec, "threads", tmp_path / "t")
     workers = _run(spec, "workers", tmp_path / "w")
-    assert workers["workers"] == 2
+    prefetched = _run(spec, "prefetch", tmp_path / "p")   # the prefetch meets the error first and leaves it
+    assert workers["workers"] == prefetched["workers"] == 2
     assert "1 values are not numbers" in threads["error"] and "'n/a'" in threads["error"]
-    assert workers["error"] == threads["error"]
+    assert workers["error"] == prefetched["error"] == threads["error"]
