@@ -59,6 +59,7 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         return run.finish()
     except BaseException as exc:
         sidecar.settle()   # nothing may still write into the staging folder the failure handling removes
+        sidecar.stop_chunk_workers()
         raise run.fail(exc) from None
 
 
@@ -66,8 +67,8 @@ def _release(run: ReleaseRun, spec) -> Path:
     """Two passes over the source's chunks (one chunk in memory; chunks on one core or mapped on Dask):
     profile, choose, perturb and write, estimate, validate, publish."""
     sidecar.start()   # GX and matplotlib load in sidecar processes while this one reads the data
-    stream.prefetch(spec, sidecar.chunk_workers())   # the budget is reserved: chunk workers may read now
     seed = seed_task(spec, run.run_id, run.seed)
+    stream.prefetch(spec, sidecar.chunk_workers(), seed.value)   # the budget is reserved: workers may read now
     stage = run.stage = stage_task(spec)
     source_sha, refs = open_source_task(spec)
     if run.engine == "dask":

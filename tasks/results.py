@@ -15,7 +15,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from pram_lib.core.guarantee import NotDP
 from pram_lib.families import family_of
-from pram_lib.pipeline import publish, release, sidecar, stream
+from pram_lib.pipeline import figures, publish, release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.artifacts import post
 from tasks.privacy import ValidationGateFailed
@@ -49,13 +49,28 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
     level = spec.confidence
     gx = stream.start_gx(spec, profile, plan, totals, stage.tmp / "validation")
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
-    plots = [sidecar.PLOTS.submit(publish.draw_plots, stage, estimates, None, None, level)]   # while curves come
+    first, second = _plot_halves(estimates, noisy=any(family_of(v).kind == "continuous" for v in spec.variables))
+    plots = [sidecar.PLOTS.submit(publish.draw_plots, stage, first, None, None, level)]   # while curves come
+    if not second.empty:
+        plots.append(sidecar.MORE_PLOTS.submit(publish.draw_plots, stage, second, None, None, level))
     curves, summary = stream.continuous_totals(plan, totals, level)
     if not curves.empty:
         values = totals.sample[list(curves["variable"].unique())]
         plots.append(sidecar.MORE_PLOTS.submit(publish.draw_plots, stage, None, curves, values, level))
     tables = stream.group_tables_totals(plan, totals, level)
     return estimates, (curves, summary, tables), SidecarJobs(gx, tuple(plots))
+
+
+def _plot_halves(estimates, noisy: bool):
+    """The categorical plots in two parts, one per plot sidecar, in the report's order; with continuous
+    variables the second part is smaller (their plots, about twice as costly, follow it once the curves are in)."""
+    names = list(dict.fromkeys(estimates["variable"])) if not estimates.empty else []
+    if not names:
+        return estimates, estimates
+    cut = min(len(names), (len(names) + (2 if noisy else 0) + 1) // 2)
+    stems = [figures.file_stem(n).lower() for n in names]   # a case-only clash of file names: one part
+    rows = estimates["variable"].isin([n for n, stem in zip(names, stems) if stem in set(stems[:cut])])
+    return estimates[rows], estimates[~rows]
 
 
 @step("validate")

@@ -15,8 +15,10 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
+import pickle
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -552,13 +554,13 @@ def perturb_pass(plan: Plan, on_chunk=None, workers=()) -> ChunkResult:
 
 # -- chunks in forked worker processes (the warm runner's streamed Parquet releases) ---------------------
 KEEP_CHUNK_BYTES = 256 * 2 ** 20   # per worker: chunks read before pass 2, kept for it (beyond: read again)
-_KEPT: dict = {"chunks": {}, "bytes": 0, "overflowed": set()}   # a worker process's own state
+_KEPT: dict = {"chunks": {}, "bytes": 0, "sketches": {}, "overflowed": set()}   # a worker process's own state
 
 
-def prefetch(spec: ReleaseSpec, workers) -> None:
-    """Let the `workers` read their share of a streamed Parquet source now (while the run's first steps talk to
-    the orchestrator), so that pass 1 finds it in memory. Best effort: any problem is left to the steps that
-    check the source, which report it."""
+def prefetch(spec: ReleaseSpec, workers, seed: int | None = None) -> None:
+    """Let the `workers` read (and with the run's `seed`, profile) their share of a streamed Parquet source now,
+    while the run's first steps talk to the orchestrator, so that pass 1 finds it done. Best effort: any
+    problem is left to the steps that check the source, which report it."""
     if len(workers) < 2 or spec.engine.mode != "stream" or spec.source.format != "parquet":
         return
     try:
@@ -566,15 +568,19 @@ def prefetch(spec: ReleaseSpec, workers) -> None:
     except Exception:
         return
     for i, worker in enumerate(workers):
-        worker.submit(keep_chunks, spec, refs[i::len(workers)])
+        worker.submit(keep_chunks, spec, refs[i::len(workers)], seed)
 
 
-def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef]) -> None:
-    """A worker drops what it kept and reads `refs` into memory, as far as KEEP_CHUNK_BYTES allows."""
-    _KEPT.update(chunks={}, bytes=0)
+def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef], seed: int | None = None) -> None:
+    """A worker drops what it kept and reads `refs` into memory, as far as KEEP_CHUNK_BYTES allows; with a
+    `seed`, it also profiles them (pass 1 then takes the sketches)."""
+    _KEPT.update(chunks={}, bytes=0, sketches={})
     try:
         for ref in refs:
-            if not _kept_or_read(spec, ref, keep=True, take=False)[1]:
+            df, kept = _kept_or_read(spec, ref, keep=True, take=False)
+            if seed is not None:
+                _KEPT["sketches"][_sketch_key(spec, ref, seed)] = _profiled(spec, df, ref, seed)
+            if not kept:
                 return
     except Exception:   # the pass reads it again and reports it
         return
@@ -583,6 +589,15 @@ def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef]) -> None:
 def begin_pass(which: str) -> None:
     """A worker forgets whether the key combinations overflowed in an earlier run of this pass."""
     _KEPT["overflowed"].discard(which)
+
+
+def _sketch_key(spec: ReleaseSpec, ref: ChunkRef, seed: int) -> tuple:
+    """A sketch depends on the chunk, the seed and the spec's variables."""
+    return _chunk_key(spec, ref), seed, hashlib.sha256(pickle.dumps(spec)).hexdigest()
+
+
+def _profiled(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int) -> Sketch:
+    return _noting_overflow("profile", profile_chunk(spec, df, ref, seed, "profile" not in _KEPT["overflowed"]))
 
 
 def _chunk_key(spec: ReleaseSpec, ref: ChunkRef) -> tuple:
@@ -612,9 +627,13 @@ def _kept_or_read(spec: ReleaseSpec, ref: ChunkRef, keep: bool, take: bool) -> t
 
 def profile_in_worker(spec: ReleaseSpec, ref: ChunkRef, seed: int) -> Sketch:
     """Pass 1 on one chunk in a worker: kept or read (and kept for pass 2 while KEEP_CHUNK_BYTES allows),
-    profiled. The key combinations are not counted again once this worker's chunks overflowed (so has the fold)."""
+    profiled (unless profiled ahead). The key combinations are not counted again once this worker's chunks
+    overflowed (so has the fold)."""
+    ahead = _KEPT["sketches"].pop(_sketch_key(spec, ref, seed), None)
+    if ahead is not None:
+        return ahead
     df, _ = _kept_or_read(spec, ref, keep=True, take=False)
-    return _noting_overflow("profile", profile_chunk(spec, df, ref, seed, "profile" not in _KEPT["overflowed"]))
+    return _profiled(spec, df, ref, seed)
 
 
 def perturb_in_worker(plan: Plan, ref: ChunkRef) -> ChunkResult:

@@ -1,7 +1,7 @@
 """Chunk workers (the warm runner's streamed Parquet releases): pass 1 and pass 2 in forked processes, each
 keeping the chunks it read for pass 2. Randomness is addressed by row, so the release must be the one the
 threads of a single process publish, bit for bit: the same parts, counts, samples and risk measures, whether
-a worker kept its chunks, read them again or read them ahead of pass 1; a bad value in a late chunk is the
+a worker kept its chunks, read them again or read (and profiled) them ahead of pass 1; a bad value in a late chunk is the
 same located error.
 
 Forking needs a single-threaded process, so each case runs in a fresh interpreter."""
@@ -38,8 +38,11 @@ sidecar.start()
 workers = sidecar.chunk_workers()
 spec = load_spec(spec_path)
 try:
-    if mode == "prefetch":
-        stream.prefetch(spec, workers)   # the workers read their chunks before pass 1 asks for them
+    ahead = None
+    if mode in ("prefetch", "profile-ahead"):   # the workers read (and profile) their chunks before pass 1 asks
+        stream.prefetch(spec, workers, 99 if mode == "profile-ahead" else None)
+        ahead = sum(w.submit(eval, "len(__import__('pram_lib.pipeline.stream', fromlist=['_'])._KEPT['sketches'])")
+                    .result() for w in workers)
     sketch = stream.profile_pass(spec, 99, None, workers)
     profile = stream.finish_profile(spec, sketch)
     assignments = release.choose_channels(spec, profile, 99)
@@ -47,11 +50,11 @@ try:
     plan = stream.make_plan(spec, profile, assignments, 99, out, "stream")
     totals = stream.perturb_pass(plan, None, workers)
 except SpecError as exc:
-    print(json.dumps({"workers": len(workers), "error": str(exc)}))
+    print(json.dumps({"workers": len(workers), "error": str(exc), "ahead": ahead}))
     raise SystemExit(0)
 data = pd.read_parquet(out / stream.DATA_DIR)
 print(json.dumps({
-    "workers": len(workers),
+    "workers": len(workers), "ahead": ahead,
     "worker_pids": sorted({w.submit(__import__("os").getpid).result() for w in workers}),
     "profile": {c: {str(k): v.tolist() for k, v in p.counts.items()} for c, p in profile.variables.items()},
     "numeric_sample": sorted(profile.numeric["hours"].values.tolist()),
@@ -87,12 +90,14 @@ def test_workers_publish_what_threads_publish(census, tmp_path):
     kept = _run(census, "workers", tmp_path / "kept")
     reread = _run(census, "reread", tmp_path / "reread")
     prefetched = _run(census, "prefetch", tmp_path / "prefetched")
+    ahead = _run(census, "profile-ahead", tmp_path / "ahead")
     assert threads["workers"] == 0 and kept["workers"] == reread["workers"] == prefetched["workers"] == 2
+    assert prefetched["ahead"] == 0 and ahead["ahead"] == ROWS // CHUNK   # every chunk profiled before pass 1
     assert len(kept["worker_pids"]) == 2   # two processes, neither of them the caller
     assert threads["chunks"] == list(range(ROWS // CHUNK)) and threads["rows"] == threads["data_rows"] == ROWS
-    for other in (kept, reread, prefetched):
+    for other in (kept, reread, prefetched, ahead):
         for key in threads:
-            if key not in ("workers", "worker_pids"):
+            if key not in ("workers", "worker_pids", "ahead"):
                 assert other[key] == threads[key], key
 
 
@@ -109,6 +114,7 @@ def test_a_bad_value_in_a_late_chunk_is_the_same_located_error(census, tmp_path)
     threads = _run(spec, "threads", tmp_path / "t")
     workers = _run(spec, "workers", tmp_path / "w")
     prefetched = _run(spec, "prefetch", tmp_path / "p")   # the prefetch meets the error first and leaves it
-    assert workers["workers"] == prefetched["workers"] == 2
+    ahead = _run(spec, "profile-ahead", tmp_path / "a")
+    assert workers["workers"] == prefetched["workers"] == ahead["workers"] == 2
     assert "1 values are not numbers" in threads["error"] and "'n/a'" in threads["error"]
-    assert workers["error"] == prefetched["error"] == threads["error"]
+    assert workers["error"] == prefetched["error"] == ahead["error"] == threads["error"]

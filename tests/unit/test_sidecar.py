@@ -138,3 +138,26 @@ def test_a_forked_sidecar_dies_with_its_parent():
             return
         time.sleep(0.05)
     pytest.fail(f"forked sidecar {child} outlived its killed parent")
+
+
+def test_the_categorical_plots_are_split_between_the_two_plot_sidecars():
+    """Each variable's plot is drawn once, the report's order is kept, a continuous variable's plot (drawn after
+    the curves, about twice as costly) weighs on the second part, and names whose files could clash on a
+    case-insensitive file system are drawn by one process."""
+    import pandas as pd
+
+    from tasks.results import _plot_halves
+
+    def frame(names):
+        return pd.DataFrame({"variable": [n for n in names for _ in range(3)], "stratum": "all"})
+
+    for names, noisy, first_count in ((list("abcde"), True, 4), (list("abcde"), False, 3), (["a"], True, 1),
+                                      (list("abcd"), False, 2)):
+        first, second = _plot_halves(frame(names), noisy)
+        order = list(dict.fromkeys(first["variable"])) + list(dict.fromkeys(second["variable"]))
+        assert order == names and len(first) + len(second) == 3 * len(names)
+        assert len(set(first["variable"])) == first_count
+    first, second = _plot_halves(frame(["Race", "b", "c", "race"]), False)
+    assert set(first["variable"]) == {"Race", "b", "race"} and set(second["variable"]) == {"c"}
+    empty = frame([]).iloc[0:0]
+    assert all(part.empty for part in _plot_halves(empty, True))
