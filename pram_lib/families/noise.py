@@ -96,8 +96,16 @@ class NoiseVariable(OneColumn):
 
 
 def _bottom_k(keys: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k entries with the smallest keys (in no particular order)."""
     if keys.size <= k:
         return keys, values
+    if keys.size > 4 * k:   # cut first below a bound from a sample of the keys (a quarter of the work)
+        step = keys.size // 4096
+        sample = np.sort(keys[::step])
+        bound = sample[min(sample.size - 1, int(1.1 * k / step) + 64)]
+        below = np.flatnonzero(keys <= bound)
+        if below.size >= k:   # the k smallest are all below the bound: exact
+            keys, values = keys[below], values[below]
     idx = np.argpartition(keys, k - 1)[:k]
     return keys[idx], values[idx]
 

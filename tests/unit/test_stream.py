@@ -334,3 +334,22 @@ def test_key_cells_fold_to_the_brute_force_risk_measures(monkeypatch):
     assert stream.KeyCells.of(df, ["a", "b", "c"]).overflow                          # one chunk crosses it
     halves = [stream.KeyCells.of(df.iloc[a:b], ["a", "b", "c"]) for a, b in ((0, 2_500), (2_500, n))]
     assert not any(h.overflow for h in halves) and (halves[0] + halves[1]).overflow  # only the fold does
+
+
+@pytest.mark.parametrize("order", ["random", "descending", "ties"])
+def test_bottom_k_is_the_k_smallest_keys_with_their_values(order):
+    """The numeric sketch keeps the k smallest row keys: brute force (a full sort) on 10^5 keys, k = 5,000, with
+    keys in random order, sorted the wrong way round (the cut's sample bound then misses) and mostly tied."""
+    from pram_lib.families.noise import _bottom_k
+
+    rng = np.random.default_rng(7)
+    n, k = 100_000, 5_000
+    keys = rng.random(n)
+    if order == "descending":
+        keys = np.sort(keys)[::-1].copy()
+    elif order == "ties":
+        keys[: n - 2_000] = 0.5
+    values = keys * 3.0 + 1.0   # a value tells its key
+    got_keys, got_values = _bottom_k(keys, values, k)
+    np.testing.assert_array_equal(np.sort(got_keys), np.sort(keys)[:k])
+    np.testing.assert_array_equal(got_values, got_keys * 3.0 + 1.0)
