@@ -42,6 +42,7 @@ class Progress:
 
         self.step, self.total, self.rows, self.t0, self.last = step, total_rows, 0, time.perf_counter(), 0.0
         self.done = 0
+        self.updated = None
         self.created = post(create_progress_artifact, progress=0.0, key=f"{release_key(spec)}-{step}-progress",
                             description=f"{spec.release}: {step} pass over the source")
 
@@ -57,7 +58,8 @@ class Progress:
         rate = self.rows / max(now - self.t0, 1e-9)
         pct = 100.0 * self.rows / self.total if self.total else None
         eta = f", about {(self.total - self.rows) / rate:.0f} s left" if self.total and rate > 0 else ""
-        post(_update_progress, self.created, 100.0 if final else (pct or 0.0))
+        self.updated = post(_update_progress, self.created, 100.0 if final else (pct or 0.0),
+                            after=self.updated or self.created)   # in order: the last update is the final one
         get_run_logger().info("%s: %d chunks, %s rows%s, %.2f M rows/s%s", self.step, self.done,
                               f"{self.rows:,}", f" of {self.total:,} ({pct:.0f}%)" if pct is not None else "",
                               rate / 1e6, eta)

@@ -70,7 +70,11 @@ class ReleaseRun:
         self.settled = True
 
     def tag(self) -> None:
-        """Tags the run (release, population, engine, trigger) so operators can filter the run list."""
+        """Tags the run (release, population, engine, trigger) so operators can filter the run list (in the
+        background, beside the run's first steps)."""
+        post(self._tag)
+
+    def _tag(self) -> None:
         from prefect import get_client
         from prefect.runtime import flow_run
 

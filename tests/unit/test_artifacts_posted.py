@@ -1,5 +1,5 @@
-"""Artifacts are posted in the background (tasks/artifacts.py): in the order they were posted, with the
-poster's run context, and the run's wait reports the ones that failed (their kind only)."""
+"""Artifacts are posted in the background (tasks/artifacts.py): beside each other unless one must follow
+another, with the poster's run context, and the run's wait reports the ones that failed (their kind only)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tasks import artifacts
 RUN = contextvars.ContextVar("RUN", default=None)
 
 
-def test_posts_run_in_order_in_another_thread_with_the_callers_context():
+def test_posts_run_beside_each_other_in_other_threads_with_the_callers_context():
     seen = []
 
     def record(i, pause):
@@ -20,12 +20,24 @@ def test_posts_run_in_order_in_another_thread_with_the_callers_context():
         seen.append((i, RUN.get(), threading.current_thread().name))
 
     RUN.set("run-1")
-    for i, pause in enumerate([0.05, 0.0, 0.02]):
-        artifacts.post(record, i, pause)
+    t = time.perf_counter()
+    for i in range(3):
+        artifacts.post(record, i, 0.2)
     RUN.set("run-2")   # later changes of the caller's context do not reach posts already made
     assert artifacts.wait_posted() == []
-    assert [s[:2] for s in seen] == [(0, "run-1"), (1, "run-1"), (2, "run-1")]
-    assert all(s[2].startswith("pram-artifacts") for s in seen)
+    assert time.perf_counter() - t < 0.5                  # three 0.2 s calls at once, not one after another
+    assert sorted(s[:2] for s in seen) == [(0, "run-1"), (1, "run-1"), (2, "run-1")]
+    assert all(s[2].startswith("pram-artifacts") for s in seen) and len({s[2] for s in seen}) == 3
+
+
+def test_a_post_after_another_waits_for_it():
+    """A progress artifact's updates: each after the one before, so the last one the API sees is the final one."""
+    seen = []
+    first = artifacts.post(lambda: (time.sleep(0.2), seen.append("created")))
+    second = artifacts.post(seen.append, "update 1", after=first)
+    artifacts.post(seen.append, "final", after=second)
+    assert artifacts.wait_posted() == []
+    assert seen == ["created", "update 1", "final"]
 
 
 def test_a_failed_post_is_reported_by_kind_and_the_others_still_run():
