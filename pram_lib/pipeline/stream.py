@@ -557,8 +557,8 @@ KEEP_CHUNK_BYTES = 256 * 2 ** 20   # per worker: chunks read before pass 2, kept
 _KEPT: dict = {"chunks": {}, "bytes": 0, "sketches": {}, "overflowed": set()}   # a worker process's own state
 
 
-def prefetch(spec: ReleaseSpec, workers, seed: int | None = None) -> None:
-    """Let the `workers` read (and with the run's `seed`, profile) their share of a streamed Parquet source now,
+def prefetch(spec: ReleaseSpec, workers, seed: int) -> None:
+    """Let the `workers` read and profile (with the run's `seed`) their share of a streamed Parquet source now,
     while the run's first steps talk to the orchestrator, so that pass 1 finds it done. Best effort: any
     problem is left to the steps that check the source, which report it."""
     if len(workers) < 2 or spec.engine.mode != "stream" or spec.source.format != "parquet":
@@ -571,15 +571,14 @@ def prefetch(spec: ReleaseSpec, workers, seed: int | None = None) -> None:
         worker.submit(keep_chunks, spec, refs[i::len(workers)], seed)
 
 
-def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef], seed: int | None = None) -> None:
-    """A worker drops what it kept and reads `refs` into memory, as far as KEEP_CHUNK_BYTES allows; with a
-    `seed`, it also profiles them (pass 1 then takes the sketches)."""
+def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef], seed: int) -> None:
+    """A worker drops what it kept, reads `refs` into memory as far as KEEP_CHUNK_BYTES allows, and profiles
+    them (pass 1 then takes the sketches)."""
     _KEPT.update(chunks={}, bytes=0, sketches={})
     try:
         for ref in refs:
             df, kept = _kept_or_read(spec, ref, keep=True, take=False)
-            if seed is not None:
-                _KEPT["sketches"][_sketch_key(spec, ref, seed)] = _profiled(spec, df, ref, seed)
+            _KEPT["sketches"][_sketch_key(spec, ref, seed)] = _profiled(spec, df, ref, seed)
             if not kept:
                 return
     except Exception:   # the pass reads it again and reports it

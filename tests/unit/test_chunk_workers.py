@@ -1,7 +1,7 @@
 """Chunk workers (the warm runner's streamed Parquet releases): pass 1 and pass 2 in forked processes, each
 keeping the chunks it read for pass 2. Randomness is addressed by row, so the release must be the one the
 threads of a single process publish, bit for bit: the same parts, counts, samples and risk measures, whether
-a worker kept its chunks, read them again or read (and profiled) them ahead of pass 1; a bad value in a late chunk is the
+a worker kept its chunks, read them again or read and profiled them ahead of pass 1; a bad value in a late chunk is the
 same located error.
 
 Forking needs a single-threaded process, so each case runs in a fresh interpreter."""
@@ -34,13 +34,15 @@ spec_path, mode, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 if mode == "reread":
     stream.KEEP_CHUNK_BYTES = 0          # inherited by the forks: every chunk is read again in pass 2
 sidecar.FORK_WARM = mode != "threads"
-sidecar.start()
+if sidecar.FORK_WARM:
+    for worker in sidecar._CHUNK_WORKERS:   # what sidecar.start() forks for the chunks (GX and plots not needed)
+        worker.start()
 workers = sidecar.chunk_workers()
 spec = load_spec(spec_path)
 try:
     ahead = None
-    if mode in ("prefetch", "profile-ahead"):   # the workers read (and profile) their chunks before pass 1 asks
-        stream.prefetch(spec, workers, 99 if mode == "profile-ahead" else None)
+    if mode == "profile-ahead":   # the workers read and profile their chunks before pass 1 asks
+        stream.prefetch(spec, workers, 99)
         ahead = sum(w.submit(eval, "len(__import__('pram_lib.pipeline.stream', fromlist=['_'])._KEPT['sketches'])")
                     .result() for w in workers)
     sketch = stream.profile_pass(spec, 99, None, workers)
@@ -89,13 +91,12 @@ def test_workers_publish_what_threads_publish(census, tmp_path):
     threads = _run(census, "threads", tmp_path / "threads")
     kept = _run(census, "workers", tmp_path / "kept")
     reread = _run(census, "reread", tmp_path / "reread")
-    prefetched = _run(census, "prefetch", tmp_path / "prefetched")
     ahead = _run(census, "profile-ahead", tmp_path / "ahead")
-    assert threads["workers"] == 0 and kept["workers"] == reread["workers"] == prefetched["workers"] == 2
-    assert prefetched["ahead"] == 0 and ahead["ahead"] == ROWS // CHUNK   # every chunk profiled before pass 1
+    assert threads["workers"] == 0 and kept["workers"] == reread["workers"] == ahead["workers"] == 2
+    assert ahead["ahead"] == ROWS // CHUNK   # every chunk profiled before pass 1
     assert len(kept["worker_pids"]) == 2   # two processes, neither of them the caller
     assert threads["chunks"] == list(range(ROWS // CHUNK)) and threads["rows"] == threads["data_rows"] == ROWS
-    for other in (kept, reread, prefetched, ahead):
+    for other in (kept, reread, ahead):
         for key in threads:
             if key not in ("workers", "worker_pids", "ahead"):
                 assert other[key] == threads[key], key
@@ -113,8 +114,7 @@ def test_a_bad_value_in_a_late_chunk_is_the_same_located_error(census, tmp_path)
                       chunk_rows=CHUNK, seed=99)
     threads = _run(spec, "threads", tmp_path / "t")
     workers = _run(spec, "workers", tmp_path / "w")
-    prefetched = _run(spec, "prefetch", tmp_path / "p")   # the prefetch meets the error first and leaves it
-    ahead = _run(spec, "profile-ahead", tmp_path / "a")
-    assert workers["workers"] == prefetched["workers"] == ahead["workers"] == 2
+    ahead = _run(spec, "profile-ahead", tmp_path / "a")   # reading ahead meets the error first and leaves it
+    assert workers["workers"] == ahead["workers"] == 2
     assert "1 values are not numbers" in threads["error"] and "'n/a'" in threads["error"]
-    assert workers["error"] == prefetched["error"] == ahead["error"] == threads["error"]
+    assert workers["error"] == ahead["error"] == threads["error"]
