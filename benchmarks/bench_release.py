@@ -49,9 +49,17 @@ OLD_MEMORY_ENGINE_1E6 = (11.9, 1116)
 REPEATS_1E7 = 3   # issue 15's floors are on medians: each 10^7 stream run and its baseline, 3 times
 
 
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    """The process and its descendants (those alive now: one may end while they are listed)."""
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return [proc]
+
+
 def tree_rss(proc: psutil.Process) -> int:
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in _tree(proc):
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -59,16 +67,17 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+def _pss(p: psutil.Process) -> int:
+    try:
+        return p.memory_full_info().pss
+    except psutil.Error:   # ended meanwhile
+        return 0
+
+
 def tree_pss(proc: psutil.Process) -> int:
     """Proportional set size of a process tree: pages shared between processes (a fork and its parent) count
     once in all, split among them; RSS would count them in each."""
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_full_info().pss
-        except psutil.Error:
-            pass
-    return total
+    return sum(_pss(p) for p in _tree(proc))
 
 
 def communicate_sampling_rss(proc: subprocess.Popen, runner: int | None = None) -> tuple[str, str, int]:
@@ -86,7 +95,7 @@ def communicate_sampling_rss(proc: subprocess.Popen, runner: int | None = None) 
             if forks is None:
                 total = tree_rss(ps)
             else:
-                total = tree_pss(ps) + sum(tree_pss(c) for c in forks.children())
+                total = tree_pss(ps) + sum(_pss(p) for p in _tree(forks)[1:])   # not the idle runner itself
             peak = max(peak, total)
             time.sleep(0.05)
 
