@@ -33,7 +33,7 @@ $(BENCH_STAMP): requirements-bench.txt | $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_SITE) -r requirements-bench.txt
 	touch $(BENCH_STAMP)
 
-# the scale benchmarks and benchmarks/RESULTS.md (about 24 minutes, 10^8-row releases included)
+# the scale benchmarks and benchmarks/RESULTS.md (about 10 minutes once the census files exist, 10^8-row releases included)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.bench_optimal_pram --scaling-only
 	$(BIN)/python -m benchmarks.bench_perturb
