@@ -175,11 +175,12 @@ def start() -> None:
     if FORK_WARM and threading.active_count() == 1:   # never another interpreter for the plots
         for own in _OWN_PLOTS:
             own.start()
-        for worker in _CHUNK_WORKERS[:_cores()]:
+        for worker in _CHUNK_WORKERS[:cores()]:
             worker.start()
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The CPUs this process may run on (1 where the platform cannot tell)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:   # no affinity call on this platform

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import pickle
 import threading
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from pram_lib.families.base import exact
 from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
 from pram_lib.ops.audit import seal_file, sha256_file
-from pram_lib.pipeline import formats
+from pram_lib.pipeline import formats, sidecar
 from pram_lib.pipeline.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
 from pram_lib.spec import ReleaseSpec
 
@@ -276,10 +275,7 @@ MAX_CHUNK_THREADS = 2   # chunks worked on at once in one process (numpy, pyarro
 
 def chunk_threads() -> int:
     """How many chunks one process works on at once: the cores it may run on, at most MAX_CHUNK_THREADS."""
-    try:
-        return max(1, min(len(os.sched_getaffinity(0)), MAX_CHUNK_THREADS))
-    except AttributeError:   # no affinity call on this platform
-        return 1
+    return max(1, min(sidecar.cores(), MAX_CHUNK_THREADS))
 
 
 def _each_chunk(work, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]], threads: int):
@@ -810,7 +806,6 @@ def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResul
     """The gate's Great Expectations suite on the row sample, started in the sidecar process (a Future; it runs
     while this process estimates). Results and Data Docs go to `out_dir`."""
     from pram_lib.core.validate import validate_table
-    from pram_lib.pipeline import sidecar
 
     declared = declared_columns(spec, profile, list(plan.assignments))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
