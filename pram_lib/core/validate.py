@@ -213,48 +213,32 @@ def _row(result, present: set) -> dict:
             "sample": sample, "expected": meta.get("expected"), "detail": detail}
 
 
-def _run_ephemeral(gx, pbc, df: pd.DataFrame, exps: list):
+def _run(gx, pbc, df: pd.DataFrame, exps: list, docs_dir: Path | None = None):
+    """The suite on `df` in an in-memory context; with `docs_dir`, through a Checkpoint that writes a Data Docs
+    site there (a File context rewrote its YAML on every change; only the site has to reach the disk)."""
     ctx = gx.get_context(mode="ephemeral")
     _quiet(ctx, pbc)
     bd = (ctx.data_sources.add_pandas(name="release").add_dataframe_asset(name="released")
           .add_batch_definition_whole_dataframe(name="whole"))
-    suite = ctx.suites.add(gx.ExpectationSuite(name="released_table"))
-    for e in exps:
-        suite.add_expectation(e)
+    suite = ctx.suites.add(gx.ExpectationSuite(name="released_table", expectations=exps))
     vd = ctx.validation_definitions.add(gx.ValidationDefinition(name="released_table", data=bd, suite=suite))
-    return vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY"), suite
-
-
-def _run_with_docs(gx, pbc, df: pd.DataFrame, exps: list, docs_dir: Path):
-    """Same validation through a Checkpoint on a throw-away File context whose Data Docs site is docs_dir."""
+    if docs_dir is None:
+        return vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY"), suite
     from great_expectations.checkpoint import UpdateDataDocsAction
 
-    tmp = Path(tempfile.mkdtemp(prefix="gx-release-"))
-    try:
-        ctx = gx.get_context(mode="file", project_root_dir=str(tmp))
-        _quiet(ctx, pbc)
-        for site in list(ctx.get_site_names()):
-            ctx.delete_data_docs_site(site)
-        ctx.add_data_docs_site(site_name=_DOCS_SITE, site_config={
-            "class_name": "SiteBuilder",
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-        })
-        bd = (ctx.data_sources.add_pandas(name="release").add_dataframe_asset(name="released")
-              .add_batch_definition_whole_dataframe(name="whole"))
-        suite = ctx.suites.add(gx.ExpectationSuite(name="released_table"))
-        for e in exps:
-            suite.add_expectation(e)
-        vd = ctx.validation_definitions.add(gx.ValidationDefinition(name="released_table", data=bd, suite=suite))
-        cp = ctx.checkpoints.add(gx.Checkpoint(
-            name="released_table", validation_definitions=[vd],
-            actions=[UpdateDataDocsAction(name="data_docs", site_names=[_DOCS_SITE])],
-            result_format={"result_format": "SUMMARY"}))
-        res = cp.run(batch_parameters={"dataframe": df})
-        vr = list(res.run_results.values())[0]
-        return vr, suite
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    for site in list(ctx.get_site_names()):
+        ctx.delete_data_docs_site(site)
+    ctx.add_data_docs_site(site_name=_DOCS_SITE, site_config={
+        "class_name": "SiteBuilder",
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+    })
+    cp = ctx.checkpoints.add(gx.Checkpoint(
+        name="released_table", validation_definitions=[vd],
+        actions=[UpdateDataDocsAction(name="data_docs", site_names=[_DOCS_SITE])],
+        result_format={"result_format": "SUMMARY"}))
+    res = cp.run(batch_parameters={"dataframe": df})
+    return list(res.run_results.values())[0], suite
 
 
 def validate_table(released: pd.DataFrame, columns: dict, n_rows_expected: int,
@@ -273,14 +257,14 @@ def validate_table(released: pd.DataFrame, columns: dict, n_rows_expected: int,
     gx, gxe, pbc = _gx_modules()
     exps = _build_expectations(gxe, columns, n_rows_expected, len(released))
     if out_dir is None:
-        result, suite = _run_ephemeral(gx, pbc, released, exps)
+        result, suite = _run(gx, pbc, released, exps)
     else:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         docs_dir = (out_dir / "data_docs").resolve()
         if docs_dir.exists():  # a stale site would list pages of earlier runs
             shutil.rmtree(docs_dir)
-        result, suite = _run_with_docs(gx, pbc, released, exps, docs_dir)
+        result, suite = _run(gx, pbc, released, exps, docs_dir)
 
     stats = {k: to_json(v) for k, v in dict(result.statistics).items()}
     if stats.get("evaluated_expectations") != len(exps):
