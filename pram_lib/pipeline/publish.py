@@ -206,17 +206,33 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, l
             g = g.sort_values("estimate", ascending=False).head(max_categories)
             x = np.arange(len(g))
             fig, (ax,) = _new_figure(max(6, 0.45 * len(g) + 2), 4)
-            ax.bar(x - 0.2, g["released_share"], width=0.4, label="released frequency (raw)", color="#bbbbbb")
+            _bars(ax, x - 0.2, g["released_share"], "#bbbbbb", "released frequency (raw)")
+            _bars(ax, x + 0.2, g["estimate"], "#3b6ea5", f"estimated true distribution, {pct(level)} interval")
             err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
-            ax.bar(x + 0.2, g["estimate"], width=0.4, yerr=err, capsize=3, color="#3b6ea5",
-                   label=f"estimated true distribution, {pct(level)} interval")
+            ax.errorbar(x + 0.2, g["estimate"], yerr=err, fmt="none", ecolor="black", capsize=3)
+            ax.autoscale_view()
             ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
             ax.set_ylabel("share of records")
             ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
             ax.axhline(0, color="black", linewidth=0.5)
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="upper right")   # the bars fall from left to right
             files.append(_save_plot(stage, fig, var))
     return files
+
+
+def _bars(ax, centres, heights, color: str, label: str, width: float = 0.4):
+    """Bars from 0 as one polygon collection: the same pixels as Axes.bar, without an artist per bar (its
+    patches were a quarter of a plot's cost)."""
+    from matplotlib.collections import PolyCollection
+
+    h = np.asarray(heights, dtype=float)
+    left = np.asarray(centres, dtype=float) - width / 2
+    zero = np.zeros_like(h)
+    corners = np.stack([np.column_stack([left, zero]), np.column_stack([left, h]),
+                        np.column_stack([left + width, h]), np.column_stack([left + width, zero])], axis=1)
+    bars = PolyCollection(corners, facecolors=color, edgecolors="none", linewidths=0, label=label)
+    bars.sticky_edges.y.append(0)   # like Axes.bar: the y axis starts at 0, no margin below
+    ax.add_collection(bars, autolim=True)
 
 
 def warm_up_plots() -> None:
