@@ -136,7 +136,8 @@ def local_cluster(**kwargs):
 
 def warm_prefect() -> None:
     """Import what Prefect imports lazily when a flow starts (its graph renderer and FastAPI's encoder, for the
-    parameters; about 0.3 s), so that a run's flow time is the release's, not Prefect's imports."""
+    parameters; about 0.3 s), and build the run's settings, so that a run's flow time is the release's, not
+    Prefect's imports."""
     import importlib
 
     for name in ("prefect.utilities.visualization", "fastapi.encoders"):
@@ -144,18 +145,37 @@ def warm_prefect() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    no_heartbeat_settings()
+
+
+_NO_HEARTBEAT: list = []   # [(settings, the same with heartbeats off)]: one copy per settings object
+
+
+def no_heartbeat_settings():
+    """Prefect's current settings context, and its settings with flow-run heartbeats off (a copy takes ~25 ms,
+    so it is made once per settings object; the warm runner makes it before it forks runs).
+
+    No flow-run heartbeats in-process: Prefect joins its heartbeat thread at the end of a run, and that thread
+    sleeps in 1 s steps (up to 1 s lost per release). A killed run is set Crashed by the next run's recovery
+    instead (tasks/run_log.py); deployments keep Prefect's heartbeats."""
+    import prefect.context
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    context = prefect.context.get_settings_context()
+    if not _NO_HEARTBEAT or _NO_HEARTBEAT[0][0] is not context.settings:
+        quiet = context.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        _NO_HEARTBEAT[:] = [(context.settings, quiet)]
+    return context, _NO_HEARTBEAT[0][1]
 
 
 def run_release(spec_path: str, seed: int | None = None, engine: str | None = None, **options):
     """Run the release flow from Python (the CLI, tests): a fixed `seed` goes to the run without ever being a
     Prefect parameter. A user's error is re-raised as itself (a SpecError with its location)."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.context import SettingsContext
 
+    context, settings = no_heartbeat_settings()
     try:
-        # No flow-run heartbeats in-process: Prefect joins its heartbeat thread at the end of a run, and that
-        # thread sleeps in 1 s steps (up to 1 s lost per release). A killed run is set Crashed by the next
-        # run's recovery instead (tasks/run_log.py); deployments keep Prefect's heartbeats.
-        with fixed_seed(seed), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with fixed_seed(seed), SettingsContext(profile=context.profile, settings=settings):
             return release_flow(spec_path, engine=engine, **options)
     except StepFailed as exc:
         original = getattr(exc, "original", None)

@@ -216,7 +216,11 @@ def _row(result, present: set) -> dict:
 def _run(gx, pbc, df: pd.DataFrame, exps: list, docs_dir: Path | None = None):
     """The suite on `df` in an in-memory context; with `docs_dir`, through a Checkpoint that writes a Data Docs
     site there (a File context rewrote its YAML on every change; only the site has to reach the disk)."""
-    ctx = gx.get_context(mode="ephemeral")
+    from great_expectations.data_context.types.base import DataContextConfig, InMemoryStoreBackendDefaults
+
+    # no default Data Docs site (GX's own names a temporary folder, and logs it)
+    ctx = gx.get_context(mode="ephemeral", project_config=DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False)))
     _quiet(ctx, pbc)
     bd = (ctx.data_sources.add_pandas(name="release").add_dataframe_asset(name="released")
           .add_batch_definition_whole_dataframe(name="whole"))
@@ -226,8 +230,6 @@ def _run(gx, pbc, df: pd.DataFrame, exps: list, docs_dir: Path | None = None):
         return vd.run(batch_parameters={"dataframe": df}, result_format="SUMMARY"), suite
     from great_expectations.checkpoint import UpdateDataDocsAction
 
-    for site in list(ctx.get_site_names()):
-        ctx.delete_data_docs_site(site)
     ctx.add_data_docs_site(site_name=_DOCS_SITE, site_config={
         "class_name": "SiteBuilder",
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
