@@ -215,7 +215,7 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, l
             ax.set_ylabel("share of records")
             ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
             ax.axhline(0, color="black", linewidth=0.5)
-            ax.legend(fontsize=8, loc="upper right")   # the bars fall from left to right
+            ax.legend(fontsize=8)
             files.append(_save_plot(stage, fig, var))
     return files
 
@@ -290,8 +290,9 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
             a1.set_xlabel(label)
             a1.set_title(f"{_plot_label(var)}: distribution function")
             a1.legend(fontsize=7, loc="lower right")
-            a2.hist(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True, color="#dddddd",
-                    label="released values (histogram)")
+            density, edges = np.histogram(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True)
+            _bars(a2, (edges[:-1] + edges[1:]) / 2, density, "#dddddd", "released values (histogram)",
+                  width=edges[1] - edges[0])
             a2.fill_between(x, g["density_lower"], g["density_upper"], color="#8fb0d6",
                             label=f"{pct(level)} pointwise band")
             a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
