@@ -126,7 +126,7 @@ def test_T6_moments_and_normalisation():
     m = gm.moments(0.8, 0.548)
     assert m["var"] == pytest.approx(0.8 * 1.8 * 0.548**2, rel=1e-15)
     assert m["var"] == pytest.approx(0.43243776, abs=1e-8)
-    for theta, eta in [(0.3, 1.0), (0.8, 0.548), (1.0, 2.0)]:
+    for theta, eta in [(0.3, 1.0), (0.5, 1.7), (0.8, 0.548), (1.0, 2.0)]:   # 0.5, 1: closed forms
         c = 1 / (2 * math.gamma(theta) * eta**theta)
         half = (integrate.quad(lambda x: c * np.exp(-x / eta), 0, 1, weight="alg", wvar=(theta - 1, 0))[0]
                 + integrate.quad(lambda x: gm.density(x, theta, eta), 1, np.inf)[0])
@@ -139,6 +139,20 @@ def test_T6_moments_and_normalisation():
     # Laplace closed forms
     assert gm.density(0.3, 1, 0.5) == pytest.approx(math.exp(-0.6) / 1.0, rel=1e-14)
     assert gm.cdf(0.3, 1, 0.5) == pytest.approx(1 - 0.5 * math.exp(-0.6), rel=1e-14)
+
+
+@pytest.mark.parametrize("theta, eta", [(0.5, 1.7), (1.0, 0.6)])
+def test_cdf_closed_forms_match_the_incomplete_gamma_series(theta, eta):
+    """At ϑ = 1/2 and 1 the CDF uses P(1/2, y) = erf(√y) and P(1, y) = 1 - e^{-y}: the same numbers as the
+    regularised incomplete gamma's series, from 1e-8 to 100 noise scales on either side; sf = 1 - cdf."""
+    from scipy import special
+
+    from pram_lib.channels.gamma_law import TwoSidedGamma
+
+    x = np.concatenate([-np.logspace(-8, 2, 300), [0.0], np.logspace(-8, 2, 300)]) * eta
+    series = 0.5 + 0.5 * np.sign(x) * special.gammainc(theta, np.abs(x) / eta)
+    assert np.allclose(gm.cdf(x, theta, eta), series, rtol=1e-13, atol=0)
+    assert np.allclose(TwoSidedGamma(theta, eta).sf(x), 1 - series, rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("theta, eta", [(0.8, 0.548), (0.5, 1.7)])   # 0.5: the normal-square draw
