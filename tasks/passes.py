@@ -18,7 +18,7 @@ from tasks.privacy import Seed
 from tasks.steps import _mark, _transient, private_errors, release_key, step, timed
 
 
-@step("draw-seed")
+@step("draw-seed", inline=True)
 def seed_task(spec: ReleaseSpec, run_id: str, seed: Seed | None) -> Seed:
     """OS entropy unless the spec or caller fixes it; stored only in the private store (mode 0600).
     It never reaches Prefect: it comes from the run context, not a parameter, and prints as Seed(<private>)."""
@@ -97,7 +97,7 @@ def profile_chunks_task(spec: ReleaseSpec, chunks: list, seed: Seed) -> stream.S
         return stream.profile_batch(spec, chunks, seed.value)
 
 
-@step("finish-profile")
+@step("finish-profile", inline=True)
 def finish_profile_task(spec: ReleaseSpec, sketch: stream.Sketch) -> release.Profile:
     return stream.finish_profile(spec, sketch)
 

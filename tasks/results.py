@@ -22,7 +22,7 @@ from tasks.privacy import ValidationGateFailed
 from tasks.steps import _JOURNALS, _flow_run_id, _mark, release_key, step
 
 
-@step("stage-release")
+@step("stage-release", inline=True)
 def stage_task(spec: ReleaseSpec) -> publish.Stage:
     j = _JOURNALS.get(_flow_run_id())
     stage = publish.begin_release(spec, owner=j.data["run_id"] if j else None)

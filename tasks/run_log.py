@@ -24,7 +24,7 @@ def load_spec_task(spec_path: str) -> ReleaseSpec:
     return resolve_targets(load_spec(spec_path))   # a `target:` becomes its ε before the ledger reserves
 
 
-@step("start-run")
+@step("start-run", inline=True)
 def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]:
     """Recover runs on this private store that were killed (audited, staging removed, ledger settled);
     then journal this run."""
@@ -74,13 +74,13 @@ def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
     return ledger.reserve_for(spec, run_id)
 
 
-@step("settle-budget")
+@step("settle-budget", inline=True)
 def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
     spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
     ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
 
 
-@step("finish-run")
+@step("finish-run", inline=True)
 def finish_run_task() -> None:
     j = _JOURNALS.pop(_flow_run_id(), None)
     if j is not None:
@@ -94,7 +94,7 @@ def hand_over_journal(error: str) -> None:
         j.hand_over(error)
 
 
-@step("audit")
+@step("audit", inline=True)
 def audit_task(spec_path: str, event: str, fields: dict) -> dict:
     store = _private_store(spec_path)
     j = _JOURNALS.get(_flow_run_id())
