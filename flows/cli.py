@@ -135,8 +135,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pram_lib.pipeline import sidecar
 
     sidecar.start()   # it imports Great Expectations while this process imports Prefect
-    from flows.release import run_release, warm_prefect
+    from flows.release import one_blas_thread, run_release, warm_prefect
     warm_prefect()
+    one_blas_thread()
     from pram_lib.spec import SpecError
     from tasks.privacy import StepFailed, full_message
 
