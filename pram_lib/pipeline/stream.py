@@ -404,6 +404,9 @@ def finish_profile(spec: ReleaseSpec, sk: Sketch) -> Profile:
 
 
 # -- pass 2: perturb --------------------------------------------------------------------------------
+_LAST_SAMPLE: dict[int, tuple] = {}   # thread -> (key, mask) of the last row-sample mask it drew
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a worker needs to perturb a chunk: the channels, each family's plan of its variables.
@@ -426,8 +429,18 @@ class Plan:
         return [a for a in self.assignments if a.column == column]
 
     def sample_rows(self, start: int, n: int) -> np.ndarray:
-        """Which of rows start .. start + n are in the row sample (a Bernoulli draw addressed by row)."""
-        return uniforms(self.seed, (0, 0, SAMPLE_PURPOSE), start, n) < self.sample_p
+        """Which of rows start .. start + n are in the row sample (a Bernoulli draw addressed by row; read-only:
+        a chunk's mask is drawn once for the chunk and each continuous variable)."""
+        key = (self.seed, self.sample_p, start, n)
+        last = _LAST_SAMPLE.get(threading.get_ident())
+        if last is not None and last[0] == key:
+            return last[1]
+        keep = uniforms(self.seed, (0, 0, SAMPLE_PURPOSE), start, n) < self.sample_p
+        keep.flags.writeable = False
+        if len(_LAST_SAMPLE) > 16:   # threads that ended
+            _LAST_SAMPLE.clear()
+        _LAST_SAMPLE[threading.get_ident()] = (key, keep)
+        return keep
 
 
 def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
