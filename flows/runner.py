@@ -279,12 +279,14 @@ def serve(path: Path, command: Callable[[list[str]], int]) -> None:
     for name in WARM_MODULES:
         importlib.import_module(name)
     from flows.release import one_blas_thread, warm_prefect
+    from pram_lib.core.fastpath import keep_uniform_kernel
     from pram_lib.core.validate import warm_up
     from pram_lib.pipeline.publish import warm_up_plots
 
     warm_prefect()
     warm_up()         # GX's templates compiled and its lazy imports done, once for every fork
     warm_up_plots()   # matplotlib's fonts loaded and text caches filled
+    keep_uniform_kernel()   # the compiled perturbation kernel loaded and checked (20 ms a chunk worker paid per run)
     one_blas_thread()
     mine = fingerprint(dict(os.environ))
     path.parent.mkdir(mode=0o700, exist_ok=True)
