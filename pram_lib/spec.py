@@ -12,7 +12,7 @@ import yaml
 from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from pram_lib.core.strict import Strict as _Strict
+from pram_lib.core.strict import DECIMAL, Strict as _Strict
 from pram_lib.families import BY_CHANNEL, REGISTRY, family_of
 from pram_lib.families.base import LEAK_FIX, TARGET_FIX, Target, leak_problem  # noqa: F401 (re-exported)
 from pram_lib.families.categorical import MIN_PRIOR_ROWS, PriorDP, PriorFile  # noqa: F401 (re-exported)
@@ -309,14 +309,57 @@ def _alias_expansion(node: yaml.Node) -> int:
     return walk(node) - len(size)
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (YAML 1.1), where `1e-3` and `2.5e3` are numbers too (YAML 1.2 reads them so) and a
+    date is text; `_collect_marks` refuses what YAML 1.1 reads as a number or boolean in other notations."""
+
+
+_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float",   # tried after 1.1's own int and float patterns
+                                  re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                  list("-+.0123456789"))
+_SpecLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+# What a typed scalar may be written as: decimal literals, and true/false. YAML 1.1 also reads 1:30 (base 60),
+# 017 (octal), 0x1F, 0b101, 1_000, .inf, .nan and yes/no/on/off as numbers and booleans: refused, not guessed.
+_TYPED_SCALARS = {
+    "tag:yaml.org,2002:int": (re.compile(r"[-+]?(?:0|[1-9][0-9]*)"), "a number"),
+    "tag:yaml.org,2002:float": (re.compile(DECIMAL), "a number"),
+    "tag:yaml.org,2002:bool": (re.compile(r"true|True|TRUE|false|False|FALSE"), "a boolean"),
+}
+NUMBER_FIX = ("write numbers as decimal literals (e.g. 90, -2.5, 0.001 or 1e-3) and booleans as true/false; "
+              "quote a value meant as text (e.g. '1:30', 'yes')")
+
+
+def _check_scalar(node: yaml.ScalarNode, path: tuple) -> None:
+    """Refuse a scalar YAML 1.1 reads as a number or boolean from a notation other than decimal or true/false."""
+    pattern, what = _TYPED_SCALARS.get(node.tag, (None, ""))
+    if pattern is not None and not pattern.fullmatch(node.value):
+        problem = (f"{node.value!r} is not a number or a boolean: YAML 1.1 reads unquoted yes/no/on/off as "
+                   "true/false, YAML 1.2 as text" if what == "a boolean" else f"{node.value!r} is not a decimal "
+                   "number: YAML 1.1 reads base 60 (1:30 is 90), octal (017 is 15), hex (0x1F), binary (0b101), "
+                   "digits with '_' (1_000) and .inf/.nan as numbers")
+        raise _YAMLRefused(node.start_mark.line + 1, node.start_mark.column + 1, _dotted(path), problem,
+                           node.value, NUMBER_FIX)
+
+
 def _collect_marks(node: yaml.Node, path: tuple, marks: dict) -> None:
-    """Line and column of every value; refuses a key given twice in one mapping (YAML keeps the last, silently)."""
+    """Line and column of every value; refuses a key given twice in one mapping (YAML keeps the last, silently),
+    a merge key (`<<:`) and a number or boolean not written as a decimal literal or true/false."""
     marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.ScalarNode):
+        _check_scalar(node, path)
     if isinstance(node, yaml.MappingNode):
         first: dict[str, int] = {}
         for key, value in node.value:
             k = key.value if isinstance(key, yaml.ScalarNode) else str(key)
-            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            if key.tag == "tag:yaml.org,2002:merge":
+                raise _YAMLRefused(key.start_mark.line + 1, key.start_mark.column + 1, _dotted(path + (k,)),
+                                   "a YAML merge key (`<<:`) is not read in a spec: its values would silently give "
+                                   "way to the mapping's own keys, and a second `<<:` silently overrides the first",
+                                   k, "write the keys out in this mapping (an alias `*name` may still repeat a "
+                                   "whole value)")
+            if isinstance(key, yaml.ScalarNode):
+                _check_scalar(key, path + (k,))
                 line = key.start_mark.line + 1
                 if k in first:
                     raise _YAMLRefused(line, key.start_mark.column + 1, _dotted(path + (k,)),
@@ -398,7 +441,7 @@ def load_spec(path: str | Path) -> ReleaseSpec:
         raise SpecError(fname, None, None, "<file>", f"not UTF-8 (byte {exc.start})",
                         fix="save the spec as UTF-8") from None
     marks: dict = {}
-    loader = yaml.SafeLoader(text)
+    loader = _SpecLoader(text)
     try:
         node = loader.get_single_node()
         if node is not None and _alias_expansion(node) > ALIAS_BUDGET:

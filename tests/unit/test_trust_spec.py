@@ -222,7 +222,7 @@ def _noise(**kw) -> dict:
     (lambda d: d.update(validation={"level": True}), "validation.level"),
     (lambda d: d["variables"][1].update(prior={"dp": True}), "variables[1].prior.dp"),
     (lambda d: d["variables"][1].update(min_prior_rows=True, prior="data"), "variables[1].min_prior_rows"),
-    (lambda d: d["variables"][0].update(categories=["yes", "no"]), "variables[0].categories"),
+    (lambda d: d["variables"][0].update(categories=["yes", "no"]), "variables[0].categories[0]"),
 ])
 def test_booleans_are_not_numbers(tmp_path, edit, field):
     d = synth.spec_dict(tmp_path)
