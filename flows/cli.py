@@ -114,6 +114,16 @@ def _positive_rows(text: str) -> int:
     return n
 
 
+def _seed(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n < 1 << 128:   # the spec's `seed:` range (numpy's SeedSequence refuses a negative one mid-run)
+        raise argparse.ArgumentTypeError(f"{text!r}: a seed is a whole number from 0 to 2^128 - 1")
+    return n
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         print("note: PREFECT_API_URL is not set; Prefect starts a temporary server for this run (15-25 s). "
@@ -443,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("run", help="run the release flow for SPEC and print the release folder")
     p.add_argument("spec")
-    p.add_argument("--seed", type=int, default=None, help="fix the seed (tests, reproductions); default OS entropy")
+    p.add_argument("--seed", type=_seed, default=None, help="fix the seed (tests, reproductions); default OS entropy")
     p.add_argument("--engine", choices=["memory", "stream", "dask"], default=None,
                    help="override the spec's engine.mode: the source as one chunk in memory, chunks on one core, "
                    "or chunks on Dask")

@@ -146,6 +146,7 @@ def _data_format(x: Any) -> Any:
     return x
 
 
+SEED_LIMIT = 1 << 128   # seeds are 128-bit, as production draws them (secrets.randbits(128))
 WHOLE_SOURCE = 1 << 62  # chunk_rows of engine mode memory: the source is one chunk
 
 
@@ -192,6 +193,13 @@ class ReleaseSpec(_Strict):
     @classmethod
     def _slug(cls, v: str) -> str:
         return _check_slug(v, "release names use letters, digits, '.', '_' and '-' only (it names a folder)")
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v < SEED_LIMIT:   # numpy's SeedSequence refuses a negative one, mid-run
+            raise ValueError("seed must be a whole number from 0 to 2^128 - 1")
+        return v
 
     @field_validator("budget")
     @classmethod
@@ -421,6 +429,9 @@ def _located(fname: str, marks: dict, exc: ValidationError) -> SpecError:
     elif "target" in loc and err["type"] != "extra_forbidden":
         fix = ("write e.g. `target: {halfwidth: 0.01, share_at_least: 0.05}` or `target: {relative: 0.1}` (README: "
                "`target:` in the spec reference)")
+    if loc == ("seed",):   # private: never echoed
+        found, fix = None, ("write a whole number from 0 to 2^128 - 1, or drop `seed:` (production runs draw one "
+                            "from OS entropy)")
     if problem.startswith("true/false is not a number"):
         fix = "write a number (e.g. 1.0); quote a category that reads as a boolean ('yes')"
     return SpecError(fname, line, col, _dotted(loc), problem, found, fix)
@@ -512,8 +523,19 @@ def _inside(a: Path, b: Path) -> bool:
 
 
 def _check_locations(spec: ReleaseSpec) -> None:
-    """The private store (seeds, ledger, audit log, internal report) never sits where releases are published."""
+    """`output:` and `private_store:` are folders; the private store (seeds, ledger, audit log, internal report)
+    and the confidential source never sit where releases are published."""
     store, out = spec.resolve(spec.private_store).resolve(), spec.resolve(spec.output).resolve()
+    for field, folder in (("output", out), ("private_store", store)):
+        if folder.exists() and not folder.is_dir():
+            raise spec.error((field,), f"`{field}:` names a file, not a folder", str(folder),
+                             f"name a folder (it is created if missing), e.g. `{field}: "
+                             f"{'releases' if field == 'output' else 'private'}`")
+    source = spec.resolve(spec.source.path).resolve()
+    if _inside(source, out):
+        raise spec.error(("source", "path"), f"the confidential source lies inside the output folder ({out}), "
+                         "where releases are published", str(source),
+                         "keep the source apart from `output:` (move it, or choose another output folder)")
     if _inside(store, out) or _inside(out, store):
         how = ("is the output folder" if store == out else "lies inside the output folder `output:`"
                if _inside(store, out) else "contains the output folder `output:`")

@@ -227,6 +227,46 @@ class CategoricalPlan:
     strata: dict[tuple, int]     # stratum key -> its number
 
 
+PRIOR_FILE_FIX = "give a UTF-8 CSV with columns category,probability (or category,count)"
+
+
+def prior_weight_column(ref: pd.DataFrame) -> str:
+    return "probability" if "probability" in ref.columns else "count"
+
+
+def prior_reference(spec, i: int, v) -> pd.DataFrame:
+    """A variable's prior file (public, read before any data): a CSV of distinct categories with finite
+    weights >= 0 (`probability` or `count`) summing to more than 0; refused, located, otherwise."""
+    where, path = ("variables", i, "prior", "file"), spec.resolve(v.prior.file)
+    if path.is_dir():
+        raise spec.error(where, "the prior file is a folder", str(path), "name the CSV file inside it")
+    if not path.is_file():
+        raise spec.error(where, "prior file not found", str(path), "fix the path")
+    try:
+        ref = pd.read_csv(path, dtype={"category": "str"}, keep_default_na=False, na_values=[""])
+    except (ValueError, OSError, pd.errors.ParserError) as exc:   # not CSV, not UTF-8, empty (EmptyDataError)
+        raise spec.error(where, "cannot read the prior file", f"{path}: {exc}", PRIOR_FILE_FIX) from None
+    if "category" not in ref.columns or not {"probability", "count"} & set(ref.columns):
+        raise spec.error(where, "prior file needs columns `category` and `probability` (or `count`)",
+                         list(ref.columns), "rename its columns")
+    twice = ref["category"][ref["category"].duplicated()]
+    if ref["category"].isna().any() or len(twice):
+        raise spec.error(where, "the prior file names a category twice, or has an empty one",
+                         sorted(set(twice.dropna()))[:10], "give each category one row")
+    col = prior_weight_column(ref)
+    w = pd.to_numeric(ref[col], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        raise spec.error(where, f"the prior file's `{col}` must be a finite number >= 0 in every row (row "
+                         f"{int(np.argmax(bad)) + 2} of the file)", {str(ref["category"].iloc[np.argmax(bad)]):
+                         str(ref[col].iloc[np.argmax(bad)])}, f"correct that row of {v.prior.file}")
+    if not w.sum() > 0:
+        raise spec.error(where, f"the prior file's `{col}` sums to 0", v.prior.file,
+                         "give some category a positive weight")
+    ref[col] = w
+    return ref
+
+
 def choose_prior(spec, i: int, v, counts: np.ndarray, cats: tuple,
            seed: int, j: int, stratum: str = "all") -> tuple[np.ndarray, str]:
     if v.prior == "data":
@@ -244,19 +284,15 @@ def choose_prior(spec, i: int, v, counts: np.ndarray, cats: tuple,
     if v.prior == "uniform":
         return np.full(len(cats), 1 / len(cats)), "uniform"
     if isinstance(v.prior, PriorFile):
-        path = spec.resolve(v.prior.file)
-        if not path.is_file():
-            raise spec.error(("variables", i, "prior", "file"), "prior file not found", str(path), "fix the path")
-        ref = pd.read_csv(path, dtype={"category": "str"})
-        col = "probability" if "probability" in ref.columns else "count" if "count" in ref.columns else None
-        if "category" not in ref.columns or col is None:
-            raise spec.error(("variables", i, "prior", "file"), "prior file needs columns `category` and "
-                             "`probability` (or `count`)", list(ref.columns), "rename its columns")
-        w = ref.set_index("category")[col].reindex(list(cats))
+        ref = prior_reference(spec, i, v)
+        w = ref.set_index("category")[prior_weight_column(ref)].reindex(list(cats))
         if w.isna().any():
             raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories",
                              [c for c, x in zip(cats, w.isna()) if x][:10], "give every category a weight")
         p = w.to_numpy(dtype=float)
+        if not p.sum() > 0:
+            raise spec.error(("variables", i, "prior", "file"), "the prior file gives the variable's categories "
+                             "weights that sum to 0", v.prior.file, "give some category a positive weight")
         return p / p.sum(), f"public file {v.prior.file}"
     assert isinstance(v.prior, PriorDP)
     eps0 = v.prior.dp
@@ -314,6 +350,19 @@ class Categorical(Family):
                                  f"add {s!r} to `passthrough:` (the report flags it)")
         if v.channel == "pram-custom":
             check_custom_matrix(spec, i, v)
+        if v.categories is not None:
+            as_text = [str(c) for c in v.categories]
+            twice = sorted({c for c in as_text if as_text.count(c) > 1})
+            if twice:   # 1 and "1" are one category: data are read as text
+                raise spec.error(("variables", i, "categories"), "categories repeat once read as text (the "
+                                 "source's values are text: 1 and '1' are one category)", twice, "name each once")
+        if isinstance(v.prior, PriorFile):
+            ref = prior_reference(spec, i, v)
+            if v.categories is not None:
+                lacking = [c for c in declared_categories(v) if c not in set(ref["category"])]
+                if lacking:
+                    raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories", lacking[:10],
+                                     "give every category a weight")
 
     def static_epsilon(self, v):
         if v.public:

@@ -164,6 +164,12 @@ def choose_noise(spec, i: int, v, np_: NumericProfile):
     """Two-sided Gamma noise for a continuous variable: fixed (ϑ, η), or optimised for the protection level."""
     x = np_.values[~np.isnan(np_.values)]
     atoms = [float(a) for a in to_release_scale(np.asarray(v.point_masses, dtype=float), v.transform)]
+    spread = x[~np.isin(x, atoms)] if atoms else x
+    if spread.size < 2 or np.all(spread == spread[0]):
+        raise spec.error(("variables", i, "column"), "the column has fewer than two distinct non-missing values"
+                         + (" besides its `point_masses:`" if atoms else "") + ": Gamma noise is scaled to the "
+                         "column's standard deviation, which is 0, so no noise level can be chosen", v.column,
+                         "drop the variable (or its `point_masses:`), or check that the right column is named")
     Q, delta = v.level.Q, v.level.delta
     if v.eta is not None:
         theta = 1.0 if v.channel == "laplace-noise" else (v.theta if v.theta is not None else 1.0)

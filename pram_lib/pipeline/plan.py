@@ -40,7 +40,7 @@ from pram_lib.core.model import MISSING, NO_STRATUM, GroupProfile, VariableProfi
 from pram_lib.families import family_of
 from pram_lib.families.base import Target
 from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
-                                           count_values, declared_categories)
+                                           count_values, declared_categories, prior_reference)
 from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, measured_clusters
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
@@ -183,18 +183,7 @@ class AccuracyPlan:
 # -- n and the domains --------------------------------------------------------------------------------------
 def _reference(spec: ReleaseSpec, i: int, v) -> pd.DataFrame:
     """A variable's prior file (public), with the errors the release gives."""
-    path = spec.resolve(v.prior.file)
-    if not path.is_file():
-        raise spec.error(("variables", i, "prior", "file"), "prior file not found", str(path), "fix the path")
-    try:
-        ref = pd.read_csv(path, dtype={"category": "str"})
-    except (ValueError, OSError) as exc:   # not CSV, not UTF-8, empty
-        raise spec.error(("variables", i, "prior", "file"), "cannot read the prior file", f"{path}: {exc}",
-                         "give a UTF-8 CSV with columns category,probability (or category,count)") from None
-    if "category" not in ref.columns or not {"probability", "count"} & set(ref.columns):
-        raise spec.error(("variables", i, "prior", "file"), "prior file needs columns `category` and "
-                         "`probability` (or `count`)", list(ref.columns), "rename its columns")
-    return ref
+    return prior_reference(spec, i, v)
 
 
 def _rows_of(spec: ReleaseSpec, i: int, v, given: tuple[int, str] | None) -> tuple[int, str] | None:

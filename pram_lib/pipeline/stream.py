@@ -78,6 +78,9 @@ def plan_chunks(spec: ReleaseSpec) -> list[ChunkRef] | None:
 def check_source(spec: ReleaseSpec) -> None:
     """The source exists and has every column the spec names (header only; no data read)."""
     path = spec.resolve(spec.source.path)
+    if path.is_dir():
+        raise spec.error(("source", "path"), f"the source is a folder, not a file: {path}", spec.source.path,
+                         "name the CSV or Parquet file itself")
     if not path.is_file():
         raise spec.error(("source", "path"), f"source file not found: {path}", spec.source.path,
                          "fix the path (relative paths are taken from the spec's folder)")

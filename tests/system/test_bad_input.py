@@ -208,6 +208,29 @@ CASES: dict[str, tuple] = {
     "group named like a variable": (lambda d: d.update(passthrough=[], variables=[
         d["variables"][0], {"columns": ["size", "region"], "name": "colour", "channel": "rr-independent",
                             "alpha": 1.0}]), None, "variables[1].name", "must differ from every released column"),
+    # -- issue 26 item 10: refused at `check`, located, never a traceback
+    "constant column under gamma-noise": (with_noise(), src(score=[5.0] * N), "variables[2].column",
+                                          "fewer than two distinct"),
+    "prior file with a negative probability": (var(1, prior={"file": "ref_negative.csv"}), None,
+                                               "variables[1].prior.file", "finite number >= 0"),
+    "prior file with NaN": (var(1, prior={"file": "ref_nan.csv"}), None, "variables[1].prior.file",
+                            "finite number >= 0"),
+    "prior file summing to 0": (var(1, prior={"file": "ref_zero.csv"}), None, "variables[1].prior.file", "sums to 0"),
+    "prior file that is not a CSV": (var(1, prior={"file": "ref_binary.csv"}), None, "variables[1].prior.file",
+                                     "cannot read the prior file"),
+    "prior file naming a category twice": (var(1, prior={"file": "ref_twice.csv"}), None, "variables[1].prior.file",
+                                           "a category twice"),
+    "prior file is a folder": (var(1, prior={"file": "."}), None, "variables[1].prior.file", "is a folder"),
+    "categories 1 and '1' in one list": (var(0, categories=[1, "1", "red", "green", "blue"]), None,
+                                         "variables[0].categories", "repeat once read as text"),
+    "negative seed": (top(seed=-1), None, "seed", "from 0 to 2^128 - 1"),
+    "seed too large": (top(seed=2 ** 128), None, "seed", "from 0 to 2^128 - 1"),
+    "seed not a whole number": (top(seed=1.5), None, "seed", "valid integer"),
+    "output is a regular file (the source)": (top(output="src.csv"), None, "output", "names a file"),
+    "private store is a regular file": (top(private_store="src.csv"), None, "private_store", "names a file"),
+    "source inside the output folder": (top(output="."), None, "source.path", "inside the output folder"),
+    "source is a folder": (lambda d: d["source"].update(path=".", format="csv"), None, "source.path",
+                           "is a folder"),
     "data prior on a tiny stratum": (var(1, prior="data", strata=["region"]),
                                      src(region=["south"] * 40 + ["north"] * (N - 40)), "variables[1].prior",
                                      "fewer than min_prior_rows"),
@@ -225,6 +248,12 @@ def materialise(folder: Path, case: tuple) -> Path:
     df = synth.make_source(folder / "src.csv", n=N)
     pd.DataFrame({"category": ["S", "M"], "probability": [0.5, 0.5]}).to_csv(folder / "ref_small.csv", index=False)
     pd.DataFrame({"label": ["S"], "weight": [1]}).to_csv(folder / "ref_bad.csv", index=False)
+    sizes = ["S", "M", "L", "XL"]
+    for name, weights in (("negative", [0.6, 0.5, -0.1, 0.0]), ("nan", [0.5, 0.3, float("nan"), 0.2]),
+                          ("zero", [0, 0, 0, 0])):
+        pd.DataFrame({"category": sizes, "probability": weights}).to_csv(folder / f"ref_{name}.csv", index=False)
+    pd.DataFrame({"category": sizes + ["S"], "probability": [0.2] * 5}).to_csv(folder / "ref_twice.csv", index=False)
+    (folder / "ref_binary.csv").write_bytes(b"PK\x03\x04\xff\xfe\x00 not a csv")
     if callable(source):
         source(df).to_csv(folder / "src.csv", index=False)
     elif isinstance(source, bytes):
@@ -239,7 +268,7 @@ def materialise(folder: Path, case: tuple) -> Path:
     d = base()
     if spec_edit is not None:
         spec_edit(d)
-    d["output"], d["private_store"] = str(folder / "releases"), str(folder / "private")
+    d.setdefault("output", str(folder / "releases")), d.setdefault("private_store", str(folder / "private"))
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     return path
 
