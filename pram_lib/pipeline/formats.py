@@ -67,6 +67,22 @@ def check_labels(spec, labels: Labels) -> None:
                              "out of `formats:`")
 
 
+EXACT_INTEGER = 1 << 53   # Stata's .dta keeps a whole number beyond its 4-byte long, and SPSS's .sav every one, as
+                          # a double: exact up to 2^53 in size; pandas and pyreadstat round larger ones silently
+
+
+def inexact_integer_columns(frame: pd.DataFrame, columns: list[str]) -> list[str]:
+    """The integer columns among `columns` holding a value a double cannot keep exactly (|v| > 2^53)."""
+    out = []
+    for c in columns:
+        s = frame[c]
+        if pd.api.types.is_integer_dtype(s.dtype) and s.notna().any():
+            lo, hi = s.min(), s.max()   # Python ints (exact for uint64 too)
+            if int(hi) > EXACT_INTEGER or int(lo) < -EXACT_INTEGER:
+                out.append(c)
+    return out
+
+
 @dataclass(frozen=True)
 class PackageTable:
     """A chunk of the released table as the packages take it: coded columns and their labels."""

@@ -491,6 +491,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
         released[c] = s.to_numpy() if not isinstance(s.dtype, pd.CategoricalDtype) else s.array
         res.missing[c] = int(s.isna().sum())
     frame = pd.DataFrame(released, index=pd.RangeIndex(len(df)))
+    if plan.out_dir is not None and plan.labels is not None:
+        _refuse_inexact_integers(spec, frame)
     if plan.out_dir is not None:
         chunk = None if plan.engine == "memory" else ref.index
         res.files = part_files(chunk, spec.formats)
@@ -501,6 +503,19 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     res.sample_at = ref.start + np.flatnonzero(keep)
     res.key_cells = _key_cells(spec, frame, count_cells)
     return res
+
+
+def _refuse_inexact_integers(spec: ReleaseSpec, frame: pd.DataFrame) -> None:
+    """A pass-through integer column that .dta or .sav would round (they keep it as a double) is refused, never
+    written with other values than data.parquet (its values stay out of the message: they are confidential)."""
+    bad = formats.inexact_integer_columns(frame, list(spec.passthrough))
+    if bad:
+        which = [f for f in ("dta", "sav") if f in spec.formats]
+        raise spec.error(("passthrough", spec.passthrough.index(bad[0])), f"pass-through column {bad[0]!r} holds "
+                         f"whole numbers beyond 2^53 in size, which {' and '.join(which)} keep only as doubles: "
+                         "they would be rounded, and differ from data.parquet", bad[0],
+                         f"leave {' and '.join(which)} out of `formats:`, or read the column as text "
+                         f"(`source: {{dtypes: {{{bad[0]}: str}}}}`), which both packages keep exactly")
 
 
 class _PartWriter:
