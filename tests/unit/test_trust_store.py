@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
+import yaml
 
-from pram_lib.ops.audit import AuditLog, build_manifest, head_line
+import synth
+from pram_lib.ops.audit import AuditLog, AuditWriteError, build_manifest, head_line
+from pram_lib.ops.ledger import REGISTRY_FILE, Ledger, LedgerRefused, PopulationRegistry, reserve_for, \
+    settle_recovered
 from pram_lib.ops.verify import verify_release
+from pram_lib.spec import SpecError, load_spec
 
 
 def _release(out: Path, name: str = "synth-20260101T000000000000Z") -> Path:
@@ -110,3 +116,169 @@ def test_a_second_entry_vouching_for_the_same_manifest_fails_too(published):
     folder, log = published
     log.append("release-interrupted", run_id="r1", folder=folder.name, manifest_sha256=_sha(folder / "manifest.json"))
     assert any("each vouch for release" in m for m in _failures(folder, log))
+
+
+# -- item 6: the private store and the published tree share nothing, through any symlink ------------------------
+EXACT = [{"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
+         {"column": "size", "channel": "rr-uniform", "alpha": 1.0}]
+EPS = math.log(3) + 1.0          # ε of gamma 3 (α = ln γ) plus α = 1, composed sequentially
+
+
+def _spec(folder: Path, name: str = "spec.yaml", store: str = "private", **pop) -> Path:
+    d = synth.spec_dict(folder, variables=EXACT, population={"key": "people", "cap": 3 * EPS, **pop})
+    d["private_store"] = store
+    if not (folder / "src.csv").exists():
+        synth.make_source(folder / "src.csv")
+    (folder / "releases").mkdir(exist_ok=True)
+    (folder / store / "seeds").mkdir(parents=True, exist_ok=True)
+    p = folder / name
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def _refused(path: Path, field: str) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    err = info.value
+    assert err.field == field and err.file == str(path) and err.line is not None and err.fix
+    return err
+
+
+@pytest.mark.parametrize("link, target", [
+    ("releases/private", "private"),                 # the store itself, reached from the published tree
+    ("releases/deep/seeds", "private/seeds"),        # a folder inside the store
+    ("releases/up", "."),                            # a folder that holds the store
+    ("releases/data.csv", "src.csv"),                # the confidential source
+])
+def test_a_symlink_in_the_output_tree_to_private_data_is_refused_at_check(tmp_path, link, target):
+    p = _spec(tmp_path)
+    (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / link).symlink_to(tmp_path / target)
+    err = _refused(p, "output")
+    assert str(tmp_path / link) in err.problem
+
+
+def test_a_symlink_in_the_private_store_into_the_output_tree_is_refused(tmp_path):
+    p = _spec(tmp_path)
+    (tmp_path / "releases" / "runs").mkdir()
+    (tmp_path / "private" / "runs").symlink_to(tmp_path / "releases" / "runs")   # journals would be published
+    err = _refused(p, "private_store")
+    assert str(tmp_path / "private" / "runs") in err.problem
+
+
+def test_a_store_named_through_a_symlink_inside_output_is_refused(tmp_path):
+    """`private_store: releases/vault` where releases/vault -> ../vault: resolved, the store is outside
+    `output:`, yet its seeds and audit log sit in the published tree through the link."""
+    (tmp_path / "vault").mkdir()
+    (tmp_path / "releases").mkdir()
+    (tmp_path / "releases" / "vault").symlink_to(tmp_path / "vault", target_is_directory=True)
+    p = _spec(tmp_path, store="releases/vault")
+    err = _refused(p, "output")
+    assert str(tmp_path / "releases" / "vault") in err.problem
+
+
+def test_the_source_inside_the_output_tree_is_refused(tmp_path):
+    p = _spec(tmp_path)
+    d = yaml.safe_load(p.read_text())
+    synth.make_source(tmp_path / "releases" / "src.csv")
+    d["source"]["path"] = "releases/src.csv"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    _refused(p, "source.path")
+
+
+# -- item 6: a ledger path is never another store file --------------------------------------------------------------
+@pytest.mark.parametrize("ledger", ["private/audit.jsonl", "private/audit.head.json", "private/seeds/l.sqlite",
+                                    "private/runs/l.sqlite", "src.csv", "spec.yaml", "vault/audit.jsonl"])
+def test_a_ledger_path_naming_another_store_file_is_refused_and_nothing_is_written(tmp_path, ledger):
+    p = _spec(tmp_path, ledger=ledger)
+    log = AuditLog(tmp_path / "private" / "audit.jsonl")
+    log.append("release-started", run_id="r0")
+    before = {f: f.read_bytes() for f in tmp_path.rglob("*") if f.is_file()}
+    _refused(p, "population.ledger")
+    assert {f: f.read_bytes() for f in tmp_path.rglob("*") if f.is_file()} == before
+
+
+def test_a_ledger_path_that_resolves_to_the_audit_log_is_refused(tmp_path):
+    (tmp_path / "vault").mkdir()
+    (tmp_path / "vault" / "people.sqlite").symlink_to(tmp_path / "private" / "audit.jsonl")
+    _refused(_spec(tmp_path, ledger="vault/people.sqlite"), "population.ledger")
+
+
+def test_the_default_ledger_redirected_to_the_audit_head_is_refused(tmp_path):
+    p = _spec(tmp_path)
+    (tmp_path / "private" / "ledger.sqlite").symlink_to(tmp_path / "private" / "audit.head.json")
+    _refused(p, "private_store")
+
+
+def test_a_ledger_path_naming_the_population_registry_is_refused(tmp_path):
+    registry = Path(os.environ["PRAM_RELEASE_HOME"]) / REGISTRY_FILE
+    _refused(_spec(tmp_path, ledger=str(registry)), "population.ledger")
+
+
+# -- item 6: opening a file for a role checks it is that role's file, before anything is written -------------------
+def test_a_ledger_file_holding_another_stores_audit_log_is_refused_untouched(tmp_path):
+    other = AuditLog(tmp_path / "elsewhere" / "chain.jsonl")
+    other.append("release-started", run_id="x")
+    p = _spec(tmp_path, ledger="elsewhere/chain.jsonl")
+    before = other.path.read_bytes()
+    with pytest.raises(LedgerRefused) as info:
+        reserve_for(load_spec(p), "r1")
+    assert info.value.field == "population.ledger" and "not a population ledger" in info.value.problem
+    assert other.path.read_bytes() == before
+
+
+def test_a_ledger_file_with_another_schema_is_refused_untouched(tmp_path):
+    foreign = tmp_path / "vault" / "people.sqlite"
+    PopulationRegistry(foreign.parent).register("someone", tmp_path / "x.sqlite")   # a registry's tables
+    (foreign.parent / REGISTRY_FILE).rename(foreign)
+    before = foreign.read_bytes()
+    with pytest.raises(LedgerRefused, match="not one of a population ledger's"):
+        reserve_for(load_spec(_spec(tmp_path, ledger="vault/people.sqlite")), "r1")
+    assert foreign.read_bytes() == before
+
+
+def test_the_audit_log_refuses_to_append_to_a_ledger(tmp_path):
+    ledger = Ledger(tmp_path / "private" / "ledger.sqlite")
+    ledger.reserve("people", 1.0, "r1", "rel", 0.5)
+    before = ledger.path.read_bytes()
+    with pytest.raises(AuditWriteError, match="not an audit log"):
+        AuditLog(ledger.path).append("release-started", run_id="r2")
+    assert ledger.path.read_bytes() == before
+    assert ledger.spent("people") == pytest.approx(0.5)
+
+
+# -- item 6: a bad registry entry concerns its own population only --------------------------------------------------
+def _bad_entries(tmp_path: Path) -> dict[str, Path]:
+    other = AuditLog(tmp_path / "other-store" / "audit.jsonl")
+    other.append("release-started", run_id="x")
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)   # a torn, unreadable database
+    entries = {"ghost": tmp_path / "gone" / "ledger.sqlite", "chain": other.path, "torn": garbage}
+    registry = PopulationRegistry()
+    for key, path in entries.items():
+        registry.register(key, path)
+    return entries
+
+
+def test_recovery_survives_bad_registry_entries_and_settles_its_own_ledger(tmp_path):
+    entries = _bad_entries(tmp_path)
+    before = {k: p.read_bytes() for k, p in entries.items() if p.exists()}
+    spec = load_spec(_spec(tmp_path))
+    reserve_for(spec, "killed-run")
+    problems = settle_recovered(tmp_path / "private", {"run_id": "killed-run"}, None)
+    assert [h.status for h in Ledger(tmp_path / "private" / "ledger.sqlite").history("people")] == ["cancelled"]
+    assert len(problems) == 2 and all(str(entries[k].resolve()) in " ".join(problems) for k in ("chain", "torn"))
+    assert {k: p.read_bytes() for k, p in entries.items() if p.exists()} == before
+
+
+def test_a_population_whose_registered_ledger_is_not_a_ledger_gets_a_located_error(tmp_path):
+    _bad_entries(tmp_path)
+    d = synth.spec_dict(tmp_path, variables=EXACT, population={"key": "chain", "cap": 3 * EPS})
+    synth.make_source(tmp_path / "src.csv")
+    p = tmp_path / "chain.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    with pytest.raises(LedgerRefused) as info:
+        reserve_for(load_spec(p), "r1")
+    assert info.value.field == "population.key" and "is not a ledger" in info.value.problem
+    assert "DELETE FROM populations" in info.value.fix
+    assert reserve_for(load_spec(_spec(tmp_path)), "r2") == pytest.approx(EPS)   # other populations go on
