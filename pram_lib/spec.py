@@ -6,6 +6,7 @@ import hashlib
 import math
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -484,17 +485,41 @@ def _overlap(a: Path, b: Path) -> bool:
     return _inside(a, b) or _inside(b, a)
 
 
-def _symlinks(top: Path, limit: int = 200_000):
-    """(link, resolved target) of every symlink under `top` (os.walk, links not followed)."""
-    seen = 0
-    for root, dirs, files in os.walk(top):
-        for name in dirs + files:
-            seen += 1
-            path = Path(root) / name
-            if path.is_symlink():
-                yield path, Path(os.path.realpath(path))   # os.path.realpath: a link loop does not raise
-        if seen > limit:
-            return
+def _walk(top: Path):
+    """(path, os.DirEntry) of every entry under `top`, links not followed (os.scandir: the entry's type comes
+    with the listing, so a tree of many release files costs one call per folder)."""
+    stack = [top]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    yield Path(entry.path), entry
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+        except OSError:
+            continue
+
+
+def _symlinks(top: Path):
+    """(link, resolved target) of every symlink under `top`."""
+    for path, entry in _walk(top):
+        if entry.is_symlink():
+            yield path, Path(os.path.realpath(path))   # os.path.realpath: a link loop does not raise
+
+
+def _hard_links(paths: list[Path]) -> dict[tuple[int, int], Path]:
+    """(st_dev, st_ino) of the regular files among `paths` (folders walked) that have another hard link."""
+    linked = {}
+    for top in paths:
+        found = _walk(top) if top.is_dir() else [(top, None)]
+        for path, entry in found:
+            try:
+                st = entry.stat(follow_symlinks=False) if entry is not None else os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                linked[(st.st_dev, st.st_ino)] = path
+    return linked
 
 
 def _check_locations(spec: ReleaseSpec) -> None:
@@ -533,6 +558,17 @@ def _check_locations(spec: ReleaseSpec) -> None:
             raise spec.error(("private_store",), f"the symlink {link} inside the private store leads to {target}, "
                              f"in the output folder ({out}): what the store writes there would be published",
                              str(store), f"remove the link ({link}); keep the private store's folders real")
+    linked = _hard_links([store, source, ledger]) if out.is_dir() else {}
+    for path, entry in _walk(out) if linked else ():
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        twin = linked.get((st.st_dev, st.st_ino))
+        if twin is not None and stat.S_ISREG(st.st_mode):
+            raise spec.error(("output",), f"{path} inside the output folder is a hard link of {twin} (the private "
+                             "store, the source or the ledger): it would be published", str(out),
+                             f"remove {path}")
 
 
 def _check_ledger_path(spec: ReleaseSpec, store: Path, out: Path, source: Path, registry: Path) -> Path:

@@ -282,3 +282,22 @@ def test_a_population_whose_registered_ledger_is_not_a_ledger_gets_a_located_err
     assert info.value.field == "population.key" and "is not a ledger" in info.value.problem
     assert "DELETE FROM populations" in info.value.fix
     assert reserve_for(load_spec(_spec(tmp_path)), "r2") == pytest.approx(EPS)   # other populations go on
+
+
+@pytest.mark.parametrize("private_file", ["private/seeds/r1.json", "src.csv"])
+def test_a_hard_link_of_a_private_file_inside_the_output_tree_is_refused(tmp_path, private_file):
+    p = _spec(tmp_path)
+    (tmp_path / "private" / "seeds" / "r1.json").write_text('{"seed": "1"}')
+    (tmp_path / "releases" / "old").mkdir()
+    os.link(tmp_path / private_file, tmp_path / "releases" / "old" / "copy")
+    err = _refused(p, "output")
+    assert "hard link" in err.problem and str(tmp_path / "releases" / "old" / "copy") in err.problem
+
+
+def test_symlinks_and_hard_links_within_the_output_tree_alone_are_fine(tmp_path):
+    p = _spec(tmp_path)
+    (tmp_path / "releases" / "a").mkdir()
+    (tmp_path / "releases" / "a" / "x.csv").write_text("x\n")
+    os.link(tmp_path / "releases" / "a" / "x.csv", tmp_path / "releases" / "a" / "y.csv")
+    (tmp_path / "releases" / "latest").symlink_to(tmp_path / "releases" / "a", target_is_directory=True)
+    assert load_spec(p).release == "synth"
