@@ -538,6 +538,10 @@ def _check_locations(spec: ReleaseSpec) -> None:
     if _inside(source, out):
         raise spec.error(("source", "path"), f"the confidential source lies inside the output folder ({out}), "
                          "where releases are published", str(source), "keep the source outside `output:`")
+    if _inside(spec.path.resolve(), out):
+        raise spec.error(("output",), f"the spec file itself lies inside the output folder ({out}), where releases "
+                         "are published (a spec may hold a `seed:`)", str(out),
+                         "keep the spec outside `output:` (e.g. in specs/)")
     registry = release_home().resolve()
     if _overlap(registry, out):
         raise spec.error(("output",), f"the output folder and the population registry's folder {registry} "

@@ -301,3 +301,11 @@ def test_symlinks_and_hard_links_within_the_output_tree_alone_are_fine(tmp_path)
     os.link(tmp_path / "releases" / "a" / "x.csv", tmp_path / "releases" / "a" / "y.csv")
     (tmp_path / "releases" / "latest").symlink_to(tmp_path / "releases" / "a", target_is_directory=True)
     assert load_spec(p).release == "synth"
+
+
+def test_a_spec_inside_the_output_tree_is_refused(tmp_path):
+    d = yaml.safe_load(_spec(tmp_path).read_text())
+    d.update(source={"path": str(tmp_path / "src.csv")}, private_store=str(tmp_path / "private"))
+    inside = tmp_path / "releases" / "spec.yaml"
+    inside.write_text(yaml.safe_dump(d, sort_keys=False))
+    _refused(inside, "output")
