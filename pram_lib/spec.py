@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -522,9 +524,62 @@ def _inside(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b)
 
 
+# -- the private store's files: one role each ------------------------------------------------------------
+AUDIT_FILE, AUDIT_HEAD_FILE, DEFAULT_LEDGER_FILE = "audit.jsonl", "audit.head.json", "ledger.sqlite"
+STORE_FOLDERS = ("seeds", "runs", "internal", "plans")   # seeds, run journals, internal reports, plans
+REGISTRY_FILE = "populations.sqlite"
+
+
+def release_home() -> Path:
+    """Machine-wide state of pram-release (the population registry): $PRAM_RELEASE_HOME, default ~/.pram-release."""
+    return Path(os.environ.get("PRAM_RELEASE_HOME") or "~/.pram-release").expanduser()
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return _inside(a, b) or _inside(b, a)
+
+
+def _walk(top: Path):
+    """(path, os.DirEntry) of every entry under `top`, links not followed (os.scandir: the entry's type comes
+    with the listing, so a tree of many release files costs one call per folder)."""
+    stack = [top]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    yield Path(entry.path), entry
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+        except OSError:
+            continue
+
+
+def _symlinks(top: Path):
+    """(link, resolved target) of every symlink under `top`."""
+    for path, entry in _walk(top):
+        if entry.is_symlink():
+            yield path, Path(os.path.realpath(path))   # os.path.realpath: a link loop does not raise
+
+
+def _hard_links(paths: list[Path]) -> dict[tuple[int, int], Path]:
+    """(st_dev, st_ino) of the regular files among `paths` (folders walked) that have another hard link."""
+    linked = {}
+    for top in paths:
+        found = _walk(top) if top.is_dir() else [(top, None)]
+        for path, entry in found:
+            try:
+                st = entry.stat(follow_symlinks=False) if entry is not None else os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                linked[(st.st_dev, st.st_ino)] = path
+    return linked
+
+
 def _check_locations(spec: ReleaseSpec) -> None:
-    """`output:` and `private_store:` are folders; the private store (seeds, ledger, audit log, internal report)
-    and the confidential source never sit where releases are published."""
+    """`output:` and `private_store:` are folders, and where releases are published (`output:`) shares nothing with the private store (seeds, ledger, audit log,
+    internal reports), the source, the ledger or the population registry: every path resolved (symlinks
+    included, Path.resolve), and no symlink inside either tree leads into the other."""
     store, out = spec.resolve(spec.private_store).resolve(), spec.resolve(spec.output).resolve()
     for field, folder in (("output", out), ("private_store", store)):
         if folder.exists() and not folder.is_dir():
@@ -543,16 +598,75 @@ def _check_locations(spec: ReleaseSpec) -> None:
                          "and internal report would sit with what is published", str(store),
                          "give `private_store:` and `output:` two separate folders, neither inside the other "
                          "(e.g. `output: releases` and `private_store: private`)")
+    if _inside(spec.path.resolve(), out):
+        raise spec.error(("output",), f"the spec file itself lies inside the output folder ({out}), where releases "
+                         "are published (a spec may hold a `seed:`)", str(out),
+                         "keep the spec outside `output:` (e.g. in specs/)")
+    registry = release_home().resolve()
+    if _overlap(registry, out):
+        raise spec.error(("output",), f"the output folder and the population registry's folder {registry} "
+                         "(PRAM_RELEASE_HOME) overlap: the registry would sit with what is published", str(out),
+                         "give `output:` a folder of its own, or set PRAM_RELEASE_HOME elsewhere")
+    ledger = _check_ledger_path(spec, store, out, source, registry)
+    private = [(store, "the private store"), (source, "the source"), (ledger, "the ledger"),
+               (registry, "the population registry's folder"), (spec.path.resolve(), "the spec file")]
+    for link, target in _symlinks(out) if out.is_dir() else ():
+        for path, what in private:
+            if _overlap(target, path):
+                raise spec.error(("output",), f"the symlink {link} inside the output folder leads to {target}, "
+                                 f"which {'is' if target == path else 'overlaps'} {what} ({path}): it would be "
+                                 "published with the releases", str(out),
+                                 f"remove the link ({link}); a release is published as regular files only")
+    for link, target in _symlinks(store) if store.is_dir() else ():
+        if _overlap(target, out):
+            raise spec.error(("private_store",), f"the symlink {link} inside the private store leads to {target}, "
+                             f"in the output folder ({out}): what the store writes there would be published",
+                             str(store), f"remove the link ({link}); keep the private store's folders real")
+    linked = _hard_links([store, source, ledger]) if out.is_dir() else {}
+    for path, entry in _walk(out) if linked else ():
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        twin = linked.get((st.st_dev, st.st_ino))
+        if twin is not None and stat.S_ISREG(st.st_mode):
+            raise spec.error(("output",), f"{path} inside the output folder is a hard link of {twin} (the private "
+                             "store, the source or the ledger): it would be published", str(out),
+                             f"remove {path}")
+
+
+def _check_ledger_path(spec: ReleaseSpec, store: Path, out: Path, source: Path, registry: Path) -> Path:
+    """The ledger file (resolved): one of its own, never another file of the store, the registry, the source
+    or the spec; returns it."""
     pop = spec.population
-    if pop is not None and pop.ledger is not None:
-        ledger = spec.resolve(pop.ledger).resolve()
-        if _inside(ledger, out):
-            raise spec.error(("population", "ledger"), f"the ledger lies inside the output folder ({out}), "
-                             "where releases are published", str(ledger),
-                             "keep the ledger in the private store or another private folder")
-        if ledger.is_dir():
-            raise spec.error(("population", "ledger"), "the ledger is a file; this path is a folder", str(ledger),
-                             f"name the file, e.g. {ledger / 'ledger.sqlite'}")
+    if pop is None or pop.ledger is None:   # the store's own ledger.sqlite, which a symlink may redirect
+        ledger, loc = (store / DEFAULT_LEDGER_FILE).resolve(), ("private_store",)
+    else:
+        ledger, loc = spec.resolve(pop.ledger).resolve(), ("population", "ledger")
+    if _inside(ledger, out):
+        raise spec.error(loc, f"the ledger lies inside the output folder ({out}), "
+                         "where releases are published", str(ledger),
+                         "keep the ledger in the private store or another private folder")
+    taken = {store / AUDIT_FILE: "the private store's audit log", store / AUDIT_HEAD_FILE: "the audit log's head",
+             registry / REGISTRY_FILE: "the population registry", source: "the source",
+             spec.path.resolve(): "the spec file"}
+    taken.update({store / f"{name}.tmp": "a temporary file of the audit log" for name in (AUDIT_FILE, AUDIT_HEAD_FILE)})
+    taken.update({store / folder: f"the private store's `{folder}/` folder" for folder in STORE_FOLDERS})
+    for path, role in taken.items():
+        if _inside(ledger, path):
+            raise spec.error(loc, f"the ledger path is {role} ({path}); every file of the private store has one "
+                             "role, and writing a ledger there would destroy it", str(ledger),
+                             f"name a file of its own, e.g. {store / DEFAULT_LEDGER_FILE}")
+    if ledger.name in (AUDIT_FILE, AUDIT_HEAD_FILE, REGISTRY_FILE):
+        raise spec.error(loc, f"{ledger.name} is the name of another store file (an audit log, its head, or the "
+                         "population registry), not of a ledger", str(ledger),
+                         f"name the ledger file otherwise, e.g. {ledger.with_name(DEFAULT_LEDGER_FILE)}")
+    if ledger.exists() and not ledger.is_file():
+        kind = "a folder" if ledger.is_dir() else "not a regular file (a device, fifo or socket)"
+        raise spec.error(loc, f"the ledger is a file; this path is {kind}", str(ledger),
+                         f"name the file, e.g. {ledger / DEFAULT_LEDGER_FILE}" if ledger.is_dir() else
+                         "name a regular file (it is created on the first reservation)")
+    return ledger
 
 
 def _check_names(spec: ReleaseSpec) -> None:

@@ -7,6 +7,9 @@ BIN=.venv/bin
 # exported first: the warm runner `ui` starts beside the server serves runs with the environment it was given
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 export PREFECT_HOME="$PWD/.prefect-home"
+# the demo's population (adult-1994) is registered in this checkout, not machine-wide: a second clone or a
+# moved checkout has its own demo ledger (the rule "one population, one ledger" stays for real populations)
+export PRAM_RELEASE_HOME="$PWD/.pram-release-home"
 $BIN/pram-release ui --port "$PORT"
 $BIN/pram-release run specs/adult.yaml
 echo "Prefect UI: http://127.0.0.1:${PORT}  (flow runs, report/table/link artifacts)"

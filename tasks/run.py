@@ -46,6 +46,7 @@ class ReleaseRun:
         self.record = {"run_id": self.run_id, "spec_path": str(Path(spec_path).resolve()),
                        "started": self.started_at, "package_version": __version__, "git_commit": GIT_COMMIT}
         self.spec = self.stage = self.folder = self.assignments = None
+        self.vouched = False   # a release-published entry vouches for the folder: no second entry may
         self.engine: str | None = None
         self.settled = False
         self.reserved = False             # the ledger holds a reservation of this run (to settle or cancel)
@@ -97,6 +98,7 @@ class ReleaseRun:
         manifest_sha = audit.sha256_file(folder / "manifest.json")
         audit_task(self.spec_path, "release-published", {**self.record, "folder": folder.name,
                                                          "manifest_sha256": manifest_sha, "finished": utc_now()})
+        self.vouched = True
         finish_run_task()
         get_run_logger().info("released %s: %s rows, epsilon %.4g, gate passed; folder %s", self.spec.release,
                               f"{self.record.get('rows', 0):,}", self.spent(), folder)
@@ -113,8 +115,9 @@ class ReleaseRun:
             if self.folder is None and self.stage.final.is_dir():  # renamed into place, then a later step failed
                 self.folder = self.stage.final
         if self.folder is not None:  # published whole, then a later step failed: the audit still vouches for it
-            self.record.update(folder=self.folder.name,
-                               manifest_sha256=audit.sha256_file(self.folder / "manifest.json"))
+            self.record.update(folder=self.folder.name)
+            if not self.vouched:   # `verify` fails a folder vouched for twice
+                self.record.update(manifest_sha256=audit.sha256_file(self.folder / "manifest.json"))
         if self.assignments is not None:
             self.record.setdefault("channels", self._channel_summary())
         if kind == "ValidationGateFailed":

@@ -37,7 +37,8 @@ def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]
 
     def settle(run: dict, folder: str | None) -> None:
         dead.append((run, folder))
-        ledger.settle_recovered(store, run, folder)
+        for problem in ledger.settle_recovered(store, run, folder):   # another population's ledger: not this run's
+            get_run_logger().warning("recovery: %s", problem)
 
     recovered = journal.recover(store, settle=settle)
     for run, folder in dead:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -100,17 +101,7 @@ class AuditLog:
     def last_hash(self) -> str:
         if not self.path.exists() or self.path.stat().st_size == 0:
             return GENESIS
-        with open(self.path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            back = min(size, 1 << 16)
-            while True:
-                f.seek(size - back)
-                tail = f.read(back)
-                lines = tail.rstrip(b"\n").split(b"\n")
-                if len(lines) > 1 or back == size:
-                    return hashlib.sha256(lines[-1]).hexdigest()
-                back = min(size, back * 4)
+        return hashlib.sha256(self._last_line()).hexdigest()
 
     def _position(self, prev: str) -> tuple[int, dict]:
         """How many entries the log holds now (its last line hashes to `prev`), and what the new entry must
@@ -136,6 +127,49 @@ class AuditLog:
             "problem": f"the head recorded {k} entries ending in sha256 {head['last_hash'][:12]}, but the log "
                        f"held {n} entries that do not end there: entries were removed or replaced before this one"}}
 
+    def _check_role(self, fd: int) -> None:
+        """Before an entry is written: the log is a regular file of hash-chained JSON lines (empty, or its first
+        and last lines are entries with `prev` and `hash`), and the head, when present, is text; else
+        OSError(EINVAL) naming what was found (a ledger, a registry, another program's file)."""
+        def refuse(path: Path, found: str) -> None:
+            raise OSError(errno.EINVAL, f"{path} is not {'an audit log' if path == self.path else 'an audit head'} "
+                                        f"(hash-chained JSON lines and their head): {found}")
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            refuse(self.path, "not a regular file")
+        if self.head_path.exists():
+            if not self.head_path.is_file():
+                refuse(self.head_path, "not a regular file")
+            raw = self.head_path.read_bytes()[:4096]
+            if raw.startswith(b"SQLite format 3\x00") or b"\x00" in raw:
+                refuse(self.head_path, "a binary file (a SQLite database?)")
+        if os.fstat(fd).st_size == 0:
+            return
+        with open(self.path, "rb") as f:
+            first = f.readline(1 << 20)
+        for which, line in (("first", first), ("last", None)):
+            if line is None:
+                line = self._last_line()
+            try:
+                entry = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                refuse(self.path, f"its {which} line is not JSON" + (" (a SQLite database?)"
+                                                                    if line.startswith(b"SQLite") else ""))
+            if not (isinstance(entry, dict) and "prev" in entry and "hash" in entry):
+                refuse(self.path, f"its {which} line is not an audit entry (no `prev` and `hash`)")
+
+    def _last_line(self) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            back = min(size, 1 << 16)
+            while True:
+                f.seek(size - back)
+                lines = f.read(back).rstrip(b"\n").split(b"\n")
+                if len(lines) > 1 or back == size:
+                    return lines[-1]
+                back = min(size, back * 4)
+
     def append(self, event: str, **fields: Any) -> dict:
         """Append one entry and update the head. An exclusive lock on the log spans reading the last hash
         and writing, so concurrent releases sharing a private store cannot fork the chain.
@@ -144,6 +178,8 @@ class AuditLog:
         to its old size and the head left as it was, so the chain stays verifiable."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_file():   # a fifo would block the open below
+                raise OSError(errno.EINVAL, f"{self.path} is not an audit log: not a regular file")
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         except OSError as exc:
             raise AuditWriteError(self.path, event, exc) from exc
@@ -151,6 +187,7 @@ class AuditLog:
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.fstat(fd).st_size
             try:
+                self._check_role(fd)
                 prev = self.last_hash()
                 count, notes = self._position(prev)
                 entry = {"time": utc_now(), "event": event, **fields, **notes, "prev": prev}

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from pram_lib.ops.audit import utc_now
-from pram_lib.spec import ReleaseSpec, SpecError, ledger_bound
+from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, release_home
 
 LEDGER_FILE = "ledger.sqlite"
 COUNTED = ("reserved", "spent")   # statuses that count against the cap
@@ -41,6 +42,53 @@ CREATE TABLE IF NOT EXISTS spends (
 );
 CREATE INDEX IF NOT EXISTS spends_population ON spends(population);
 """
+
+
+LEDGER_TABLES = {"populations": ("key", "cap", "created"),
+                 "spends": ("run_id", "population", "release", "epsilon", "status", "reserved_at", "settled_at",
+                            "folder")}
+REGISTRY_TABLES = {"populations": ("key", "ledger", "registered")}
+SQLITE_MAGIC = b"SQLite format 3\x00"   # the first 16 bytes of every SQLite database file
+
+
+class StoreFileError(ValueError):
+    """A file opened for one role (a ledger, the population registry) holds something else; nothing was written."""
+
+    def __init__(self, path: Path, role: str, found: str):
+        self.path, self.role, self.found = Path(path), role, found
+        super().__init__(f"{path}: not {role}: {found}; nothing was written to it")
+
+
+def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]]) -> None:
+    """Before anything writes to `path`: it is absent, empty, or a SQLite database whose tables are `tables`
+    (a subset, each with exactly its columns), so that a ledger never opens an audit log, a registry or
+    another program's database. Raises StoreFileError."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreFileError(path, role, f"it cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreFileError(path, role, "it is not a regular file")
+    if st.st_size == 0:
+        return
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(SQLITE_MAGIC))
+        if magic != SQLITE_MAGIC:
+            what = "JSON lines (an audit log?)" if magic.startswith(b"{") else "not a SQLite database"
+            raise StoreFileError(path, role, f"it holds {what}")
+        uri = f"{path.resolve().as_uri()}?mode=ro"   # sqlite3 URI: read only, so the check writes nothing
+        with closing(sqlite3.connect(uri, uri=True, timeout=120)) as con:
+            names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            found = {n: tuple(r[1] for r in con.execute(f"PRAGMA table_info({n!r})")) for n in names}
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreFileError(path, role, f"it cannot be read as a SQLite database ({exc})") from None
+    odd = sorted(n for n, cols in found.items() if tables.get(n) != cols)
+    if odd:
+        raise StoreFileError(path, role, f"its table {odd[0]!r} (columns {', '.join(found[odd[0]])}) is not one "
+                             f"of {role}'s")
 
 
 @dataclass(frozen=True)
@@ -71,6 +119,7 @@ class Ledger:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        check_role(self.path, "a population ledger", LEDGER_TABLES)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # private: created 0600
         with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
@@ -157,14 +206,6 @@ class CapMismatch(Exception):
 
 
 # -- one ledger per population on this machine ------------------------------------------------------
-REGISTRY_FILE = "populations.sqlite"
-
-
-def release_home() -> Path:
-    """Machine-wide state of pram-release: $PRAM_RELEASE_HOME, default ~/.pram-release."""
-    return Path(os.environ.get("PRAM_RELEASE_HOME") or "~/.pram-release").expanduser()
-
-
 class PopulationRegistry:
     """population key -> the one ledger file that holds its spending (SQLite under `release_home()`).
 
@@ -177,6 +218,7 @@ class PopulationRegistry:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        check_role(self.path, "the population registry", REGISTRY_TABLES)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
@@ -228,25 +270,45 @@ def _registered(spec: ReleaseSpec, register: bool) -> Path:
     registry = PopulationRegistry()
     try:
         theirs = registry.register(pop.key, mine) if register else registry.lookup(pop.key)
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.Error, StoreFileError) as exc:
         raise _refusal(spec, ("population", "key"), f"cannot use the population registry {registry.path}: {exc}",
                        pop.key, "set PRAM_RELEASE_HOME to a folder this user can write (default "
-                       "~/.pram-release)") from None
+                       "~/.pram-release), holding no other file named " + REGISTRY_FILE) from None
     if theirs is not None and theirs != mine:
+        try:
+            check_role(theirs, "a population ledger", LEDGER_TABLES)
+            state = "" if theirs.is_file() else " (that file does not exist now)"
+        except StoreFileError as exc:
+            state = f" (that file is not a ledger: {exc.found})"
         raise _refusal(spec, ("population", "key"), f"population {pop.key!r} keeps its ε spending in the ledger "
-                       f"{theirs} (registered in {registry.path}); this spec's ledger would be {mine}, and a "
+                       f"{theirs}{state} (registered in {registry.path}); this spec's ledger would be {mine}, and a "
                        "second ledger would give the population a second cap", pop.key,
                        f"use the private store that holds it (`private_store: {theirs.parent}`), or name the "
-                       f"ledger under `population:` (`ledger: {theirs}`)")
+                       f"ledger under `population:` (`ledger: {theirs}`); if that registration is wrong, its "
+                       f"owner removes it: sqlite3 {registry.path} \"DELETE FROM populations WHERE key = "
+                       f"'{pop.key}'\"") from None
     return mine
+
+
+def _checked(spec: ReleaseSpec, path: Path) -> Ledger:
+    """The ledger at `path`, once it is known to be a ledger (absent, empty, or a SQLite file of the ledger's
+    tables); else LedgerRefused at the spec field that names it."""
+    try:
+        check_role(path, "a population ledger", LEDGER_TABLES)
+    except StoreFileError as exc:
+        named = spec.population is not None and spec.population.ledger is not None
+        raise _refusal(spec, ("population", "ledger") if named else ("private_store",), str(exc), str(path),
+                       "name a ledger file of its own (`population: {ledger: ...}`), or move this file away "
+                       "if it does not belong in the private store") from None
+    return Ledger(path)
 
 
 # -- the spec-level entry points (what the flow calls) -----------------------------------------------
 def ledger_for(spec: ReleaseSpec) -> Ledger:
     """The spec's population ledger; raises LedgerRefused if the population is registered to another ledger."""
     if spec.population is None:
-        return Ledger(ledger_path(spec))
-    return Ledger(_registered(spec, register=False))
+        return _checked(spec, ledger_path(spec))
+    return _checked(spec, _registered(spec, register=False))
 
 
 def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
@@ -260,7 +322,8 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     if pop is None:
         return None
     eps = ledger_bound(spec)
-    ledger = Ledger(_registered(spec, register=True))
+    ledger = _checked(spec, ledger_path(spec))   # before the registry records it
+    ledger = _checked(spec, _registered(spec, register=True))
     try:
         ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps)
     except CapMismatch as exc:
@@ -295,25 +358,34 @@ def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: st
         ledger.settle(run_id, epsilon, folder)
 
 
-def settle_recovered(store: Path, run: dict, folder: str | None) -> None:
+def settle_recovered(store: Path, run: dict, folder: str | None) -> list[str]:
     """Recovery of a killed run: cancel its reservation, or (it did publish) count what it reserved.
 
     The reservation is in the store's ledger, or (`population.ledger:`) in a registered one elsewhere:
-    each ledger is tried, and only the row of this run id changes.
+    each ledger is tried, and only the row of this run id changes. A ledger that cannot be used (a registry
+    entry naming a missing, unreadable or wrong file) is left alone and named in the returned problems: it
+    concerns its own population only, never the recovery of this store.
     """
+    problems: list[str] = []
     paths = [Path(store) / LEDGER_FILE] + ([Path(run["ledger"])] if run.get("ledger") else [])
+    registry = PopulationRegistry()
     try:
-        paths += PopulationRegistry().ledgers()
-    except (OSError, sqlite3.Error):
-        pass
+        paths += registry.ledgers()
+    except (OSError, sqlite3.Error, StoreFileError) as exc:
+        problems.append(f"the population registry {registry.path} could not be read ({exc}); only the store's "
+                        "own ledger was settled")
     seen: set[Path] = set()
     for path in paths:
-        path = path.resolve()
-        if path in seen or not path.is_file():
-            continue
-        seen.add(path)
-        ledger = Ledger(path)
-        if folder is None:
-            ledger.cancel(run["run_id"])
-        else:
-            ledger.settle(run["run_id"], None, folder)
+        try:
+            path = path.resolve()
+            if path in seen or not path.is_file():
+                continue
+            seen.add(path)
+            ledger = Ledger(path)
+            if folder is None:
+                ledger.cancel(run["run_id"])
+            else:
+                ledger.settle(run["run_id"], None, folder)
+        except (OSError, ValueError, sqlite3.Error) as exc:   # StoreFileError is a ValueError
+            problems.append(f"the ledger {path} was left alone: {exc}")
+    return problems

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
-from pram_lib.ops.audit import build_manifest, sha256_file, verify_chain, verify_head
+from pram_lib.ops.audit import sha256_file, verify_chain, verify_head
 
 AUDIT_LOG = "audit.jsonl"
 
@@ -17,8 +19,10 @@ def verify_release(folder: str | Path, audit: str | Path | None = None,
 
     1. the audit chain (when given): every entry's own hash and its link to the entry before;
     2. the chain's end against its head file (or `head`, a copy kept elsewhere): entries removed at the end;
-    3. manifest.json against the audit entry that published the folder (so a rewritten manifest is caught);
-    4. every file against manifest.json (altered, missing, or added after publication).
+    3. manifest.json against the one audit entry that published the folder (so a rewritten manifest is
+       caught, and so is a second entry vouching for the folder again);
+    4. the folder holds regular files only (no symlink, device, fifo or socket anywhere in it), exactly the
+       files manifest.json lists, each with its hash (altered, missing, or added after publication).
     """
     folder = Path(folder)
     out: list[tuple[bool | None, str]] = []
@@ -86,7 +90,12 @@ def _manifest_vs_audit(folder: Path, audit: Path) -> tuple[bool, str]:
             and e.get("manifest_sha256")]
     if not hits:
         return False, f"{audit}: no audit entry for release {folder.name}"
-    n, entry = hits[-1]
+    if len(hits) > 1:
+        lines = ", ".join(str(n) for n, _ in hits)
+        return False, (f"{audit}: entries {lines} each vouch for release {folder.name}: a release is published "
+                       f"once, so every entry after the first was added later (a second manifest for an existing "
+                       f"folder)")
+    n, entry = hits[0]
     if not mpath.is_file():
         return False, f"{mpath}: missing"
     if sha256_file(mpath) != entry["manifest_sha256"]:
@@ -100,21 +109,58 @@ def _entries(audit: Path) -> list[dict]:
     return [json.loads(x) for x in audit.read_bytes().splitlines() if x.strip()]
 
 
+def _release_files(folder: Path) -> tuple[dict[str, Path], set[str], str | None]:
+    """The regular files under `folder` by relative name (os.walk, links not followed), its sub-folders; or
+    the first entry that is not a regular file or a folder (a symlink, device, fifo or socket), described."""
+    try:
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            return {}, set(), (f"{folder}: the release folder is a symlink (to {os.readlink(folder)}): a release "
+                               "is a real folder")
+    except OSError as exc:
+        return {}, set(), f"{folder}: cannot read the release folder ({exc.strerror})"
+    files: dict[str, Path] = {}
+    subfolders: set[str] = set()
+    errors: list[OSError] = []
+    for root, dirs, names in os.walk(folder, onerror=errors.append):
+        for name in sorted(dirs) + sorted(names):
+            path = Path(root) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                return files, subfolders, (f"{path}: a symlink (to {os.readlink(path)}) inside the release: a "
+                                           "release holds regular files only, and a link may lead anywhere (the "
+                                           "private store included)")
+            if stat.S_ISREG(mode):
+                files[path.relative_to(folder).as_posix()] = path
+            elif stat.S_ISDIR(mode):
+                subfolders.add(path.relative_to(folder).as_posix())
+            else:
+                return files, subfolders, f"{path}: not a regular file (a device, fifo or socket) inside the release"
+    if errors:
+        return files, subfolders, f"{errors[0].filename}: cannot be read ({errors[0].strerror})"
+    return files, subfolders, None
+
+
 def _files_vs_manifest(folder: Path, mpath: Path) -> tuple[bool, str]:
-    if not mpath.is_file():
+    actual, subfolders, problem = _release_files(folder)
+    if problem is not None:
+        return False, problem
+    if "manifest.json" not in actual:
         return False, f"{mpath}: missing"
     try:
         listed = json.loads(mpath.read_bytes().decode("utf-8"))["files"]
         items = [(rel, info["sha256"]) for rel, info in listed.items()]
     except (ValueError, KeyError, TypeError, AttributeError):
         return False, f"{mpath}: not a valid manifest (altered or truncated)"
-    actual = build_manifest(folder)["files"]
     for rel, digest in items:
         if rel not in actual:
             return False, f"{folder / rel}: listed in the manifest but missing"
-        if actual[rel]["sha256"] != digest:
+        if sha256_file(actual[rel]) != digest:
             return False, f"{folder / rel}: SHA-256 differs from the manifest (altered)"
-    extra = sorted(set(actual) - set(listed))
+    extra = sorted(set(actual) - set(listed) - {"manifest.json"})
     if extra:
         return False, f"{folder / extra[0]}: not listed in the manifest (added after publication)"
+    holding = {parent.as_posix() for rel in listed for parent in Path(rel).parents if parent != Path(".")}
+    empty = sorted(subfolders - holding)
+    if empty:
+        return False, f"{folder / empty[0]}: a folder that holds no file of the manifest (added after publication)"
     return True, f"{folder}: {len(items)} files match the manifest"
