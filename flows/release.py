@@ -130,8 +130,17 @@ def local_cluster(**kwargs):
     import dask
     from distributed import LocalCluster
 
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None, **LOST_WORKER_LIMITS}):
         return LocalCluster(**kwargs)
+
+
+# A lost worker ends the run in bounded time (distributed's own scheduler settings; the local cluster's scheduler
+# runs in this process): a chunk whose worker died is retried on another and fails the run with KilledWorker when
+# its workers died more than `allowed-failures` times; a chunk with no worker left fails after `no-workers-timeout` (NoValidWorkerError); a
+# worker that stops answering is dropped after `worker-ttl`. A scheduler at `engine.address` keeps its own.
+LOST_WORKER_LIMITS = {"distributed.scheduler.allowed-failures": 2,
+                      "distributed.scheduler.no-workers-timeout": "60s",
+                      "distributed.scheduler.worker-ttl": "120s"}
 
 
 def warm_prefect() -> None:
