@@ -14,6 +14,21 @@ from pathlib import Path
 
 DEFAULT_PORT = 4200
 
+# Prefect's settings for a privacy tool, wherever it runs from: prefect.toml is read from the working directory
+# only, so the CLI sets them in its environment before Prefect is imported (every process it starts inherits
+# them). No telemetry, whatever the environment says: the server's analytics (PREFECT_SERVER_ANALYTICS_ENABLED)
+# and the SDK's (DO_NOT_TRACK, prefect/_internal/analytics/enabled.py). The rest of prefect.toml are defaults
+# (its `home` is relative to the working directory, so it is left to prefect.toml and PREFECT_HOME).
+PREFECT_ENV_FORCED = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+PREFECT_ENV_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_LOGGING_LEVEL": "INFO"}
+
+
+def prefect_environment(environ=os.environ) -> None:
+    """Put the project's Prefect settings (prefect.toml's, and no telemetry) into `environ`."""
+    environ.update(PREFECT_ENV_FORCED)
+    for name, value in PREFECT_ENV_DEFAULTS.items():
+        environ.setdefault(name, value)
+
 
 def _api_url(port: int) -> str:
     return f"http://127.0.0.1:{port}/api"
@@ -449,6 +464,7 @@ def _analyze_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prefect_environment()   # before anything imports Prefect
     ap = argparse.ArgumentParser(prog="pram-release", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("run", help="run the release flow for SPEC and print the release folder")

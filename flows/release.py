@@ -13,7 +13,7 @@ from pram_lib.pipeline import sidecar, stream
 from pram_lib.spec import check_streamable
 from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, open_source_task, perturb_chunks_task,
                           perturb_pass_task, profile_chunks_task, profile_pass_task, seed_task, source_unchanged_task)
-from tasks.privacy import Seed, StepFailed, ValidationGateFailed, fixed_seed  # noqa: F401 (the gate's refusal)
+from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec, fixed_seed  # noqa: F401
 from tasks.results import estimate_task, internal_report_task, publish_task, stage_task, validate_task
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
 from tasks.run_log import load_spec_task, reserve_budget_task, start_run_task
@@ -36,7 +36,9 @@ def run_name() -> str:
     return f"{name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
 
 
-@flow(name="release", flow_run_name=run_name, version=FLOW_VERSION, persist_result=False)
+# result_serializer="json": Prefect persists a failed run's exception whatever persist_result says; JSON writes its
+# type and public text alone (tasks/privacy.py).
+@flow(name="release", flow_run_name=run_name, version=FLOW_VERSION, persist_result=False, result_serializer="json")
 def release_flow(spec_path: str, engine: Engine | None = None) -> str:
     """Release one privacy spec: protect the source and publish the release folder.
 
@@ -53,7 +55,8 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         reserve_budget_task(spec, run.run_id)         # population ε ledger: refused here, before any data is read
         run.reserved = True
         run.engine = engine or spec.engine.mode
-        check_streamable(spec, run.engine)             # an --engine override meets the spec's needs too
+        with about_the_spec():
+            check_streamable(spec, run.engine)         # an --engine override meets the spec's needs too
         run.tag()
         run.published(_release(run, spec.on_engine(run.engine)))
         return run.finish()
@@ -130,8 +133,17 @@ def local_cluster(**kwargs):
     import dask
     from distributed import LocalCluster
 
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None, **LOST_WORKER_LIMITS}):
         return LocalCluster(**kwargs)
+
+
+# A lost worker ends the run in bounded time (distributed's own scheduler settings; the local cluster's scheduler
+# runs in this process): a chunk whose worker died is retried on another and fails the run with KilledWorker when
+# its workers died more than `allowed-failures` times; a chunk with no worker left fails after `no-workers-timeout` (NoValidWorkerError); a
+# worker that stops answering is dropped after `worker-ttl`. A scheduler at `engine.address` keeps its own.
+LOST_WORKER_LIMITS = {"distributed.scheduler.allowed-failures": 2,
+                      "distributed.scheduler.no-workers-timeout": "60s",
+                      "distributed.scheduler.worker-ttl": "120s"}
 
 
 def warm_prefect() -> None:

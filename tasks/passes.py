@@ -133,9 +133,29 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     Parquet: 4 runs of consecutive chunks per worker, each read by its worker (few task runs; a worker's
     memory holds one chunk at a time). CSV: one chunk per task, read here and shipped, with at most
     2 per worker outstanding."""
+    from distributed import KilledWorker
+    from distributed.scheduler import NoValidWorkerError, NoWorkerError
+
     _mark(task_.name)  # the chunks run on workers, where no journal is open: the run records the step
-    with timed(task_.name):
-        return _map_fold(spec, step, task_, args, refs, total_rows, fold, runner)
+    with private_errors(task_.name), timed(task_.name):
+        try:
+            return _map_fold(spec, step, task_, args, refs, total_rows, fold, runner)
+        except (KilledWorker, NoValidWorkerError, NoWorkerError) as exc:
+            raise DaskWorkersLost(task_.name, exc) from None
+
+
+class DaskWorkersLost(RuntimeError):
+    """The Dask workers of a pass died (and were retried) or none was left: the run ends, nothing published."""
+
+    public = True
+
+    def __init__(self, step: str, cause: BaseException):
+        why = ("a chunk's worker died again after being retried on another (distributed.scheduler.allowed-failures)"
+               if type(cause).__name__ == "KilledWorker" else
+               "no Dask worker was left to run the chunks (distributed.scheduler.no-workers-timeout)")
+        super().__init__(f"the Dask workers were lost in step {step}: {why}. Fix: give the workers memory and CPU "
+                         "(fewer `engine.workers`, a less loaded machine) or use `engine: {mode: stream}`, and run "
+                         "the release again")
 
 
 def _map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | None, fold, runner):

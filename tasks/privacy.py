@@ -1,9 +1,14 @@
 """What may reach Prefect: errors without data values or tracebacks, and a seed that never prints.
 
-Prefect stores flow parameters, task-run state messages, logs and artifacts in its database, which is
-not a private store. So a step's error crosses into Prefect as `StepFailed`, whose text is public
-(a SpecError's file, line, field, problem and fix, never the value it found; other errors by their
-type only), while the whole error travels beside it (`detail`) to the terminal and the audit log.
+Prefect stores flow parameters, task-run state messages, logs and artifacts in its database, and writes a
+failed flow run's exception into its result storage (`exception_to_failed_state(..., write_result=True)` in
+prefect/flow_engine.py, whatever `persist_result` says): neither is a private store. So a step's error
+crosses into Prefect as `StepFailed`, whose text is public (where in the spec, the field, the step; the
+problem and fix only for an error about the spec itself, never a value or count read from the data; other
+errors by their type only), while the whole error travels beside it (`detail`) to the terminal and the audit
+log. The release flow persists with Prefect's JSON serializer, which writes an exception as its type and
+`str()` alone (prefect/serializers.py): the cloudpickle default also wrote the attributes and, once
+`tblib.pickling_support` is installed (distributed installs it), the traceback and the chained errors.
 """
 
 from __future__ import annotations
@@ -57,14 +62,30 @@ def current_fixed_seed() -> Seed | None:
     return _FIXED_SEED.get()
 
 
-def public_message(exc: BaseException) -> str:
-    """The part of an error that may be stored by Prefect: no value read from the data or the spec's seed."""
+@contextlib.contextmanager
+def about_the_spec():
+    """SpecErrors raised inside are about the spec file, the engine or the ledger, with no value, count or
+    category read from the data in their text: their problem and fix may reach Prefect (found: never)."""
+    try:
+        yield
+    except SpecError as exc:
+        exc.about_the_spec = True
+        raise
+
+
+def public_message(exc: BaseException, step: str | None = None) -> str:
+    """The part of an error that may be stored by Prefect: no value, count or statistic read from the data, no
+    traceback, no seed."""
     if isinstance(exc, StepFailed):
         return exc.public
     if getattr(exc, "public", False) is True:  # an error whose text is public by construction (the gate's)
         return str(exc)
     if isinstance(exc, SpecError):
         where = f"{exc.file}:{exc.line}:{exc.column}" if exc.line is not None else exc.file
+        if not getattr(exc, "about_the_spec", False):   # its problem and fix may quote the data
+            return (f"{where}: field '{exc.field}': the source does not meet the spec here"
+                    f"{f' (step {step})' if step else ''}; what was found is in the whole message, on the terminal "
+                    "that started the run and in the private store's audit log")
         msg = f"{where}: field '{exc.field}': {exc.problem.splitlines()[0] if exc.problem else ''}"
         return msg + (f". Fix: {exc.fix}" if exc.fix else "")
     if isinstance(exc, OSError):
@@ -80,7 +101,9 @@ def full_message(exc: BaseException) -> str:
     its traceback."""
     if isinstance(exc, StepFailed):
         return exc.detail
-    if isinstance(exc, SpecError) or getattr(exc, "public", False) is True:
+    if getattr(exc, "public", False) is True:
+        return getattr(exc, "detail", str(exc))
+    if isinstance(exc, SpecError):
         return str(exc)
     if isinstance(exc, (OSError, sqlite3.OperationalError)):
         return public_message(exc)
@@ -90,9 +113,10 @@ def full_message(exc: BaseException) -> str:
 class StepFailed(Exception):
     """A release step failed. `str()` is public; `detail` (never shown to Prefect) is the whole error."""
 
-    def __init__(self, public: str, detail: str, step: str | None = None, user_error: bool = True,
+    def __init__(self, public: str, detail: str | None = None, step: str | None = None, user_error: bool = True,
                  kind: str = "Error"):
         super().__init__(public)
+        detail = public if detail is None else detail   # read back from Prefect's JSON: the public text only
         self.public, self.detail, self.step, self.user_error, self.kind = public, detail, step, user_error, kind
         self.original: BaseException | None = None   # this process only: the error itself, for Python callers
 
@@ -101,7 +125,7 @@ class StepFailed(Exception):
         if isinstance(exc, StepFailed):
             return exc
         user = isinstance(exc, (SpecError, OSError, sqlite3.OperationalError)) or getattr(exc, "public", False) is True
-        out = cls(public_message(exc), full_message(exc), step, user, type(exc).__name__)
+        out = cls(public_message(exc, step), full_message(exc), step, user, type(exc).__name__)
         out.original = exc
         return out
 
@@ -120,10 +144,17 @@ def _rebuild(cls, public, detail, step, user_error, kind, original):
 
 
 class ValidationGateFailed(RuntimeError):
-    """The released table failed the gate; nothing was published. Its text names the failed checks, their
-    statistics and levels: public facts about the release, so it may reach Prefect whole."""
+    """The released table failed the gate; nothing was published. Its text (public) names the failed checks;
+    `detail` adds their statistics, some computed with the source's counts (the terminal and the audit log)."""
 
     public = True
+
+    def __init__(self, public: str, detail: str | None = None):
+        super().__init__(public)
+        self.detail = detail or public
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.detail))
 
 
 class _NoTraceback(logging.Filter):

@@ -14,6 +14,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from pram_lib.core.guarantee import NotDP
+from pram_lib.core.validate import failed_check_names
 from pram_lib.families import family_of
 from pram_lib.pipeline import figures, publish, release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
@@ -85,7 +86,8 @@ def _gate(result: dict) -> dict:
     """The gate's verdict: this step fails (red in the UI) when a check refused the release."""
     checks = len(result["statistical"]) + len(result["gx"]["rows"])
     if not result["passed"]:
-        raise ValidationGateFailed(f"validation gate failed, nothing published: {result['message']}")
+        raise ValidationGateFailed(f"validation gate failed, nothing published: {failed_check_names(result)}",
+                                   f"validation gate failed, nothing published: {result['message']}")
     get_run_logger().info("gate passed: %d checks", checks)
     return result
 

@@ -123,8 +123,9 @@ class ReleaseRun:
         if kind == "ValidationGateFailed":
             self.record["validation_passed"] = False
         audited = self.spec is None and not Path(self.spec_path).is_file()  # no spec, no store: nothing to audit
+        whole = getattr(original, "detail", original)   # the gate's refusal with its statistics
         audited = audited or self._try("audit entry", audit_task, self.spec_path, "release-failed",
-                            {**self.record, "engine": self.engine, "error": f"{kind}: {original}",
+                            {**self.record, "engine": self.engine, "error": f"{kind}: {whole}",
                              "finished": utc_now()})
         if self.reserved and not self.settled:   # a refused reservation leaves nothing to cancel
             self._try("ledger", settle_budget_task, self.spec, self.run_id, self.assignments, self.folder)

@@ -12,16 +12,19 @@ from pram_lib.ops import audit, journal, ledger
 from pram_lib.pipeline import release
 from pram_lib.pipeline.plan import resolve_targets
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
+from tasks.privacy import about_the_spec
 from tasks.steps import _JOURNALS, _flow_run_id, _transient, step
 
 
 @step("load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient)
 def load_spec_task(spec_path: str) -> ReleaseSpec:
-    if not Path(spec_path).is_file():
-        raise SpecError(spec_path, None, None, "spec_path", f"no spec file at this path, read from the working "
-                        f"directory {os.getcwd()}", fix="give an absolute path, or a path relative to the checkout "
-                        "the deployment was made from (run `prefect deploy` from the checkout)")
-    return resolve_targets(load_spec(spec_path))   # a `target:` becomes its ε before the ledger reserves
+    with about_the_spec():   # resolving a `target:` below may read the source's categories: not public
+        if not Path(spec_path).is_file():
+            raise SpecError(spec_path, None, None, "spec_path", f"no spec file at this path, read from the working "
+                            f"directory {os.getcwd()}", fix="give an absolute path, or a path relative to the "
+                            "checkout the deployment was made from (run `prefect deploy` from the checkout)")
+        spec = load_spec(spec_path)
+    return resolve_targets(spec)   # a `target:` becomes its ε before the ledger reserves
 
 
 @step("start-run", inline=True)
@@ -72,7 +75,8 @@ def _mark_crashed(run: dict, folder: str | None) -> None:
 @step("reserve-budget")
 def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
     """The population's ε ledger: reserve this release's bound, or refuse it (before any data is read)."""
-    return ledger.reserve_for(spec, run_id)
+    with about_the_spec():
+        return ledger.reserve_for(spec, run_id)
 
 
 @step("settle-budget", inline=True)

@@ -532,6 +532,24 @@ def holm(results: list[dict], level: float) -> list[dict]:
 # =================================================================================================
 # 3. The gate's failure message
 # =================================================================================================
+def failed_check_names(result: dict) -> str:
+    """The gate's refusal as public facts: which checks failed, by name and column, without their statistics
+    or figures (some are computed with the source's counts) and without stratum labels (categories of the
+    source). `result` is the gate's verdict (run_gate_totals)."""
+    names = []
+    for r in result["statistical"]:
+        if not r.get("passed"):
+            what = r.get("check") or r.get("method") or "channel consistency"
+            names.append(f"{what} on {r['variable']!r}" if r.get("variable") else what)
+    for row in result["gx"]["rows"]:
+        if not row.get("success"):
+            names.append(f"{row.get('expectation')} on {row['column']!r}" if row.get("column")
+                         else str(row.get("expectation")))
+    names = list(dict.fromkeys(names))
+    return (f"{len(names)} check{'s' if len(names) != 1 else ''} failed: {'; '.join(names)} (their statistics "
+            "are on the terminal that started the run and in the private store's audit log)")
+
+
 def gate_message(results: list[dict]) -> str:
     """One human-readable failure message naming every failed check (column, what failed, numbers).
 

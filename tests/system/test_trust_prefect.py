@@ -452,3 +452,165 @@ def test_channels_json_states_each_guarantee(runs):
     ldp = [c["guarantee"]["epsilon"] for c in doc["channels"] if c["guarantee"]["kind"] == "ldp"]
     assert len(ldp) == 2 and sum(ldp) == pytest.approx(doc["epsilon_spent"])
     assert sum(ldp) == pytest.approx(math.log(3.0) + 1.0)        # colour: gamma 3; size: alpha 1
+
+
+# -- failing runs: nothing Prefect persists (database, API, result storage) carries what the terminal shows ----
+PLANTED_BUG = "mauve-bug-k3v"      # a raw value quoted by a programming error's message on the data path
+
+
+def _odd_category_spec(tmp: Path, name: str, engine: dict) -> Path:
+    """A spec declaring colour's categories, and a source where one record has another (a located SpecError
+    whose `found:` is that raw value)."""
+    spec = _release_folder(tmp, name, engine)
+    d = yaml.safe_load(spec.read_text())
+    d["variables"][0] = {"column": "colour", "channel": "rr-uniform", "gamma": 3.0,
+                         "categories": ["red", "green", "blue"]}
+    spec.write_text(yaml.safe_dump(d))
+    df = pd.read_csv(spec.parent / "src.csv")
+    df.loc[5, "colour"] = ODD_CATEGORY
+    df.to_csv(spec.parent / "src.csv", index=False)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def failed_runs(prefect_server, tmp_path_factory):
+    """Failing runs on every engine (a raw value in the data), a gate refusal (statistics of the source in
+    its whole message) and a programming error on the data path (a traceback quoting a raw value). Each
+    entry: the error the terminal gets (in this process, whole)."""
+    from flows.release import run_release
+    from pram_lib.pipeline import stream
+
+    tmp = tmp_path_factory.mktemp("failing")
+    out = {}
+    for engine in ("memory", "stream", "dask"):
+        mode = {"mode": engine} if engine == "memory" else {"mode": engine, "chunk_rows": 1000, "workers": 2}
+        spec = _odd_category_spec(tmp, f"fail-{engine}", mode)
+        with pytest.raises(Exception) as info:
+            run_release(str(spec), seed=SEED_CALLER)
+        out[engine] = info.value
+    mp = pytest.MonkeyPatch()
+    try:
+        synth.lose_a_row(mp)
+        with pytest.raises(Exception) as info:
+            run_release(str(_release_folder(tmp, "fail-gate", {"mode": "memory"})), seed=SEED_CALLER)
+        out["gate"] = info.value
+        mp.undo()
+
+        def bug(*a, **k):
+            raise KeyError(PLANTED_BUG)
+
+        mp.setattr(stream, "perturb_chunk", bug)
+        with pytest.raises(Exception) as info:
+            run_release(str(_release_folder(tmp, "fail-bug", {"mode": "memory"})), seed=SEED_CALLER)
+        out["bug"] = info.value
+    finally:
+        mp.undo()
+    return out
+
+
+def _strings(doc) -> list[str]:
+    if isinstance(doc, str):
+        return [doc]
+    if isinstance(doc, dict):
+        return [s for k, v in doc.items() for s in _strings(k) + _strings(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _strings(v)]
+    return []
+
+
+def _unpickled_text(blob: bytes) -> str:
+    """What an object Prefect cloudpickled holds: its repr and, for an exception, its arguments and attributes."""
+    import cloudpickle
+
+    try:
+        obj = cloudpickle.loads(blob)
+    except Exception:
+        return ""
+    parts = [repr(obj), str(obj)]
+    if isinstance(obj, BaseException):
+        parts += [repr(a) for a in obj.args] + [repr(v) for v in vars(obj).values()]
+    return "\n".join(parts)
+
+
+def _storage_text(roots: list[Path]) -> tuple[str, int]:
+    """Every file of Prefect's result storage, raw and decoded (JSON, base64, cloudpickle), and how many
+    exceptions were read back."""
+    import base64
+    import binascii
+
+    parts, decoded = [], 0
+    for root in roots:
+        for p in (root.rglob("*") if root.is_dir() else []):
+            if not p.is_file():
+                continue
+            raw = p.read_bytes()
+            parts.append(raw.decode("latin-1"))
+            blobs = [raw]
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                doc = None
+            strings = _strings(doc)
+            decoded += isinstance(doc, dict) and "__exc_type__" in doc   # Prefect's JSON form of an exception
+            for s in strings + [raw.decode("latin-1").replace("\n", "")]:   # a JSON record, or base64 alone
+                try:
+                    blobs.append(base64.b64decode(s, validate=True))
+                except (binascii.Error, ValueError):
+                    pass
+            for b in blobs:
+                parts.append(b.decode("latin-1"))
+                text = _unpickled_text(b)
+                decoded += bool(text)
+                parts.append(text)
+    return "\n".join(parts), decoded
+
+
+def _result_storage_roots() -> list[Path]:
+    from prefect.settings import PREFECT_HOME, PREFECT_RESULTS_LOCAL_STORAGE_PATH
+
+    return sorted({Path(PREFECT_RESULTS_LOCAL_STORAGE_PATH.value()).expanduser(),
+                   Path(PREFECT_HOME.value()).expanduser() / "storage"})
+
+
+def _api_text() -> str:
+    """Everything the API returns about runs: flow and task runs (states, messages, data), artifacts, logs."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        objs = (_all(client.read_flow_runs) + _all(client.read_task_runs) + _all(client.read_artifacts)
+                + _all(client.read_logs))
+    return json.dumps([o.model_dump(mode="json") for o in objs])
+
+
+def test_failing_runs_persist_nothing_confidential_in_prefect(prefect_server, failed_runs):
+    """The terminal gets the whole error (raw value, source statistics, traceback); the database, the API and
+    every file of result storage (decoded) get none of it, after failing runs of every engine."""
+    from tasks.privacy import full_message
+
+    for engine in ("memory", "stream", "dask"):
+        assert ODD_CATEGORY in full_message(failed_runs[engine]), engine   # the terminal's message
+    gate = full_message(failed_runs["gate"])
+    source_stats = re.findall(r"\d[\d,]* in the source|statistic [-\d.e+]+ on \d+ df|p = [-\d.e+]+", gate)
+    assert any("in the source" in s for s in source_stats), gate
+    bug = full_message(failed_runs["bug"])
+    assert "Traceback" in bug and PLANTED_BUG in bug
+    storage, decoded = _storage_text(_result_storage_roots())
+    assert decoded >= 5                     # every failed flow run's final exception was read back
+    places = {"database": _database_text(prefect_server["home"]), "api": _api_text(), "result storage": storage}
+    assert "fail-dask" in places["api"] and "fail-bug" in places["database"]
+    needles = {"raw value": [ODD_CATEGORY, PLANTED_BUG], "source statistic": source_stats,
+               "seed": _forms(SEED_CALLER), "traceback": ["Traceback", 'File "/']}
+    found = [(where, kind, n) for where, text in places.items() for kind, ns in needles.items() for n in ns
+             if n in text]
+    assert not found
+
+
+def test_a_refused_gate_tells_the_ui_which_checks_failed_not_their_source_statistics(prefect_server, failed_runs):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        fr = _run_named(client, "trust-fail-gate-")
+        arts, task_runs, _ = _of_run(client, fr)
+    (art,) = [a for a in arts if (a.key or "").endswith("-summary")]
+    assert "row count" in art.data and "in the source" not in art.data, art.data
+    assert "row count" in fr.state.message and "in the source" not in fr.state.message

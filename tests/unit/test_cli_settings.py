@@ -1,0 +1,49 @@
+"""Prefect's settings of `pram-release` hold wherever it runs from: prefect.toml is read from the working
+directory only, so a curator's own spec folder used to get Prefect's telemetry and its 20 s start-up timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SHOW_SETTINGS = """
+import json, sys
+from flows import cli
+code = cli.main(["check", "no-such-spec.yaml"])        # what `pram-release check` does before its work
+from prefect.settings import get_current_settings
+from prefect._internal.analytics.enabled import is_telemetry_enabled
+s = get_current_settings()
+print(json.dumps({"code": code, "analytics": s.server.analytics_enabled, "sdk_telemetry": is_telemetry_enabled(),
+                  "startup": s.server.ephemeral.startup_timeout_seconds, "level": s.logging.level}))
+"""
+
+
+def _settings_from(cwd: Path, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "DO_NOT_TRACK"}
+    env.update(PYTHONPATH=str(ROOT), HOME=str(cwd), PRAM_NO_RUNNER="1", **(extra or {}))
+    out = subprocess.run([sys.executable, "-c", SHOW_SETTINGS], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_prefect_settings_hold_outside_the_checkout(tmp_path):
+    toml = tomllib.loads((ROOT / "prefect.toml").read_text())
+    got = _settings_from(tmp_path)
+    assert got["code"] == 2                                  # the command ran (and refused the missing spec)
+    assert got["analytics"] is False and got["sdk_telemetry"] is False
+    assert toml["server"]["analytics_enabled"] is False
+    assert got["startup"] == toml["server"]["ephemeral"]["startup_timeout_seconds"] == 120
+    assert got["level"] == toml["logging"]["level"] == "INFO"
+
+
+def test_telemetry_stays_off_whatever_the_environment_says(tmp_path):
+    got = _settings_from(tmp_path, {"PREFECT_SERVER_ANALYTICS_ENABLED": "true", "PREFECT_LOGGING_LEVEL": "DEBUG"})
+    assert got["analytics"] is False and got["sdk_telemetry"] is False
+    assert got["level"] == "DEBUG"                           # an operator's own choice of defaults is kept
