@@ -368,7 +368,11 @@ def _protection_reached(v, details: dict, delta: float) -> dict:
         return {"delta_required": delta, "sup_M_reached": None, "level_met": None}
     out = {"delta_required": delta, "sup_M_reached": round(float(sup), 4),
            "level_met": bool(sup <= delta + PROTECTION_TOLERANCE),
-           "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection)}
+           "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection),
+           "released_values_check": (
+               "not checked: a lower level was accepted" if v.eta is not None and v.accept_lower_protection else
+               "passed: at most delta of the released values lie within Q*sd(X) of their true value (the gate's "
+               "exact check over every row; a release failing it is not published)")}
     if "as_is_sup_M_at_choice" in details:
         out["scope"] = "records not at a listed point mass (the noise is added to every record)"
         out["sup_M_reached_all_records"] = round(float(details["as_is_sup_M_at_choice"]), 2)

@@ -149,3 +149,10 @@ def test_a_noise_that_defeats_the_measure_fails_the_gate(ages):
     A = 0.75 * a.channel.details["sigma_x"]
     assert 1 - math.exp(-A / 0.43) > 1 - 1e-12 and inside == n
     assert not check["passed"] and "not met" in check["message"]
+
+
+def test_channels_json_states_the_released_values_check(ages):
+    spec, assignments = choose(write(ages, "channel: laplace-noise\nresolution: 1\n"))
+    entry = next(c for c in publish.channels_document(spec, assignments)["channels"] if c.get("variable") == "age")
+    assert entry["protection"]["level_met"] is True
+    assert entry["protection"]["released_values_check"].startswith("passed: at most delta")
