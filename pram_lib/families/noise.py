@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,27 @@ class Protection(Strict):
 
     Q: float = Field(default=0.75, gt=0, description="window half-width in units of σ_X")
     delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
+
+    # A level that asks nothing switches protection off while `level_met` says true (issue 26): a window of
+    # less than a tenth of an sd, or a posterior mass of up to 0.95+, is met by noise that pins values down.
+    MIN_Q: ClassVar[float] = 0.1
+    MAX_DELTA: ClassVar[float] = 0.95
+
+    @field_validator("Q")
+    @classmethod
+    def _q_asks_something(cls, v: float) -> float:
+        if not (math.isfinite(v) and v >= cls.MIN_Q):
+            raise ValueError(f"Q must be a finite number >= {cls.MIN_Q:g} (sd units): a narrower window is met by "
+                             "noise that pins the true values down (the paper's level is Q = 0.75)")
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_asks_something(cls, v: float) -> float:
+        if not 0 < v <= cls.MAX_DELTA:
+            raise ValueError(f"delta must be in (0, {cls.MAX_DELTA:g}]: a larger posterior mass in the window is "
+                             "met by noise that pins the true values down (the paper's level is delta = 0.9)")
+        return v
 
 
 class NoiseVariable(OneColumn):

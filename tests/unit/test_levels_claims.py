@@ -156,3 +156,14 @@ def test_channels_json_states_the_released_values_check(ages):
     entry = next(c for c in publish.channels_document(spec, assignments)["channels"] if c.get("variable") == "age")
     assert entry["protection"]["level_met"] is True
     assert entry["protection"]["released_values_check"].startswith("passed: at most delta")
+
+
+@pytest.mark.parametrize("protection, field", [("{Q: 0.0001, delta: 0.9}", "variables[1].protection.Q"),
+                                               ("{Q: 0.75, delta: 0.999}", "variables[1].protection.delta"),
+                                               ("{Q: .inf, delta: 0.9}", "variables[1].protection.Q")])
+def test_a_level_that_asks_nothing_is_refused(ages, protection, field):
+    """A window of 10^-4 sd is met by noise of sd about 10^-4 sd(X): every released value would lie within a
+    thousandth of an sd of the truth with level_met true. Refused before the data."""
+    with pytest.raises(SpecError) as info:
+        load_spec(write(ages, f"channel: gamma-noise\nprotection: {protection}\n"))
+    assert info.value.field == field
