@@ -167,3 +167,13 @@ def test_a_level_that_asks_nothing_is_refused(ages, protection, field):
     with pytest.raises(SpecError) as info:
         load_spec(write(ages, f"channel: gamma-noise\nprotection: {protection}\n"))
     assert info.value.field == field
+
+
+def test_a_singular_custom_matrix_is_refused_before_the_data(tmp_path):
+    """Rows [0.5, 0.5] twice: rank 1 < 2 (its ε is 0, so no leak check refuses it); refused at `matrix:`."""
+    spec = ("release: x\nsource:\n  path: src.csv\nbudget: 1\nvariables:\n  - column: colour\n"
+            "    channel: pram-custom\n    categories: [red, blue]\n    matrix: [[0.5, 0.5], [0.5, 0.5]]\n")
+    (tmp_path / "spec.yaml").write_text(spec)
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "spec.yaml")
+    assert info.value.field == "variables[0].matrix" and "cannot be inverted" in info.value.problem
