@@ -22,7 +22,11 @@ What this module does (all maths in the reference §2, §4, §5, §10; the parts
   Checked against cdd for S <= 10 (tests).  ``enumerate_vertices`` runs cdd; float cdd *misses
   vertices* of this highly degenerate polytope at large α (e.g. S=3, α=5: 10 of 17, k-RR among
   them), which is why the solver never relies on cdd.
-* ``optimal_pram`` returns the *global* maximiser as a ``Channel``:
+* ``optimal_pram`` returns the maximiser over the *identifiable* vertices as a ``Channel``: a vertex whose
+  matrix is singular or has condition number > 1e12 (the estimator's bound, ``core.estimate.keep_condition``)
+  is never returned, since its release could not be inverted.  When the global MI optimum is such a vertex
+  the method says so and ``details['singular_optimum']`` holds it; the channel is then optimal among the
+  invertible vertices only (channels near the singular vertex are invertible but arbitrarily ill-conditioned).
     - S=2: closed form (the 4 vertices of §3.2).
     - S <= ``exact_max_S``: all vertices of all families are evaluated (exhaustive, exact ties).
     - larger S: every family is searched with a certificate [new].  Families with one large class
@@ -62,6 +66,7 @@ import numpy as np
 from scipy.special import xlogy
 
 from pram_lib.core.channel import keep_uniform_column_extremes
+from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
 
 __all__ = [
     "VValues",
@@ -600,6 +605,10 @@ class _Problem:
         self.best_fam = None
         self.tie_keys: set = set()  # distinct vertices tied with the best (rounded)
         self.n_exact = 0
+        self.identifiable_only = True     # offer() refuses vertices the estimator could not invert
+        self.best_singular_f = -np.inf   # best f of a vertex refused as singular (not identifiable)
+        self.best_singular_q = None
+        self.n_singular = 0
 
     # per option value v: r, d, cs(μ)
     def rd(self, v):
@@ -629,8 +638,17 @@ class _Problem:
         Q = np.atleast_2d(np.asarray(Q, dtype=float))
         if Q.shape[0] == 0:
             return
-        f = _f_rows(self.p, Q) if f is None else np.asarray(f)
+        f = _f_rows(self.p, Q) if f is None else np.asarray(f, dtype=float)
         self.n_exact += Q.shape[0]
+        singular = ~(keep_condition(Q) <= DEFAULT_MAX_CONDITION)   # the estimator could not invert these
+        if self.identifiable_only and singular.any():
+            self.n_singular += int(singular.sum())
+            i = int(np.argmax(np.where(singular, f, -np.inf)))
+            if f[i] > self.best_singular_f:
+                self.best_singular_f, self.best_singular_q = float(f[i]), Q[i].copy()
+            if singular.all():
+                return
+            Q, f = Q[~singular], f[~singular]
         fmax = float(f.max())
         if fmax > self.best_f + self.tie_tol(self.best_f):  # a new best: forget older ties
             self.best_f = fmax
@@ -1064,6 +1082,44 @@ def _is_threshold_shape(p, q, S, alpha) -> bool:
     return bool(top_ok or bottom_ok)
 
 
+# ---- the certified search over all families -------------------------------------------------------
+_MAX_LISTED_VERTICES = 2_000_000   # a singular global optimum: list every vertex up to this many
+
+
+def _family_search(prob: _Problem, fams, max_slabs: int, time_budget: float, t_start: float):
+    """Every family searched with bounds (cheap families first: a strong incumbent). (certified, gap, searches)."""
+    S = prob.S
+    certified, gap, searches, plans = True, 0.0, [], []
+    for fam in fams:
+        single = fam.singleton()
+        big_idx = [c for c in range(fam.n_classes) if not single[c]]
+        single_idx = [c for c in range(fam.n_classes) if single[c]]
+        plans.append((fam, big_idx, single_idx))
+    plans.sort(key=lambda x: (len(x[1]) == 2, len(x[2])))
+    for fam, big_idx, single_idx in plans:
+        if not big_idx:
+            _exhaustive(prob, [fam])  # a small family: list it
+            searches.append({"family": fam.name, "exact_evaluations": fam.count(S), "certified": True})
+        elif len(big_idx) == 1 and not single_idx:
+            prob.offer(np.full((1, S), fam.values[big_idx[0]]), fam.name)
+            searches.append({"family": fam.name, "exact_evaluations": 1, "certified": True})
+        elif len(big_idx) == 1 and len(single_idx) <= 2:
+            searches.append(_singleton_family(prob, fam.values[big_idx[0]],
+                                              [fam.values[c] for c in single_idx], fam.name))
+        elif len(big_idx) == 2 and len(single_idx) <= 2:
+            left = max(1.0, time_budget - (time.perf_counter() - t_start))
+            res = _TwoClassBnB(prob, fam, big_idx, single_idx, max_slabs=max_slabs, time_budget=left).run()
+            searches.append(res)
+            if not res["certified"]:
+                certified = False
+                gap = max(gap, res["gap_bound"])
+        else:  # pragma: no cover - never observed (would need >2 large classes or >2 singletons)
+            certified = False
+            gap = float("inf")
+            searches.append({"family": fam.name, "certified": False, "note": "no search for this family"})
+    return certified, gap, searches
+
+
 # ---- public solver -------------------------------------------------------------------------------
 def _validate_p(p) -> tuple[np.ndarray, bool]:
     try:
@@ -1191,38 +1247,37 @@ def optimal_pram(p, alpha: float, *, variable: str = "x", categories=None, exact
         else:
             method = ("certified search over the Prop. 3.2 vertices (bounds + branch and bound)" if regime
                       else "certified search over all vertex families (bounds + branch and bound)")
-            plans = []
-            for fam in fams:
-                single = fam.singleton()
-                big_idx = [c for c in range(fam.n_classes) if not single[c]]
-                single_idx = [c for c in range(fam.n_classes) if single[c]]
-                plans.append((fam, big_idx, single_idx))
-            # cheap families first: strong incumbent
-            plans.sort(key=lambda x: (len(x[1]) == 2, len(x[2])))
-            for fam, big_idx, single_idx in plans:
-                if not big_idx:
-                    _exhaustive(prob, [fam])  # a small family: list it
-                    searches.append({"family": fam.name, "exact_evaluations": fam.count(S), "certified": True})
-                elif len(big_idx) == 1 and not single_idx:
-                    prob.offer(np.full((1, S), fam.values[big_idx[0]]), fam.name)
-                    searches.append({"family": fam.name, "exact_evaluations": 1, "certified": True})
-                elif len(big_idx) == 1 and len(single_idx) <= 2:
-                    searches.append(_singleton_family(prob, fam.values[big_idx[0]],
-                                                      [fam.values[c] for c in single_idx], fam.name))
-                elif len(big_idx) == 2 and len(single_idx) <= 2:
-                    left = max(1.0, time_budget - (time.perf_counter() - t_start))
-                    res = _TwoClassBnB(prob, fam, big_idx, single_idx, max_slabs=max_slabs,
-                                       time_budget=left).run()
-                    searches.append(res)
-                    if not res["certified"]:
-                        certified = False
-                        gap = max(gap, res["gap_bound"])
-                else:  # pragma: no cover - never observed (would need >2 large classes or >2 singletons)
-                    certified = False
-                    gap = float("inf")
-                    searches.append({"family": fam.name, "certified": False, "note": "no search for this family"})
+            # The bounds cover every vertex, singular ones included: search for the global optimum first, so
+            # the certificate closes; only if that optimum is singular look for the best invertible vertex.
+            prob.identifiable_only = False
+            certified, gap, searches = _family_search(prob, fams, max_slabs, time_budget, t_start)
+            if not keep_condition(prob.best_q[None, :])[0] <= DEFAULT_MAX_CONDITION:
+                singular_f = prob.best_f
+                prob = _Problem(p, alpha, tol)
+                if tb is not None:
+                    _threshold_offer(prob)
+                if sum(f.count(S) for f in fams) <= _MAX_LISTED_VERTICES:
+                    _exhaustive(prob, fams)   # exact over the invertible vertices
+                    certified, gap = True, 0.0
+                    method += "; then every vertex listed for the best invertible one"
+                else:   # the bounds cannot tell singular vertices apart: the certificate may stay open
+                    certified, gap, searches = _family_search(prob, fams, max_slabs, time_budget, t_start)
+                prob.best_singular_f = max(prob.best_singular_f, singular_f)
             details["searches"] = searches
+    if prob.best_q is None:  # pragma: no cover - k-RR (every q at v_α) is a vertex and invertible for α > 0
+        raise RuntimeError("internal error: no invertible vertex of the DP polytope was evaluated")
     f_best, q_best, fam_name, n_ties = prob.resolve()
+    if prob.best_singular_f > f_best + prob.tie_tol(f_best):
+        # The MI-optimal vertex is singular: the release could not be inverted. The returned q is the best
+        # *invertible* vertex (optimal among identifiable vertices of family (8), not the global optimum).
+        method += "; best invertible vertex (the MI-optimal vertex is singular)"
+        details["singular_optimum"] = {
+            "mutual_information": prob.best_singular_f,
+            "note": "the vertex with the largest I(X;Z) has a singular matrix (the true distribution could not be "
+                    "estimated from the release); the channel returned maximises I(X;Z) over the vertices whose "
+                    f"matrix is invertible with condition number <= {DEFAULT_MAX_CONDITION:g}"}
+    details["identifiable_only"] = True
+    details["singular_vertices_skipped"] = int(prob.n_singular)
     q_best = _canonicalise_equal_p(p, np.asarray(q_best, dtype=float))
     q_best, eta = _make_float_safe(q_best, alpha)
     if not is_dp(q_best, alpha):  # pragma: no cover

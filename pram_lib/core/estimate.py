@@ -144,7 +144,7 @@ class _KeepUniform:
     def __init__(self, keep: np.ndarray):
         q = np.asarray(keep, dtype=float)
         s = q.size
-        self.s = s
+        self.q, self.s = q, s
         self.d = (s * q - 1.0) / (s - 1)
         self.r = (1.0 - q) / (s - 1)
         self.k = int(np.argmin(np.abs(self.d)))
@@ -224,15 +224,7 @@ class _KeepUniform:
         return h, g, w
 
     def condition(self) -> float:
-        if self.n_zero >= 2 or self.s < 2:
-            return float("inf")
-        h, g, w = self._parts()
-        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
-            return float("inf")
-        habs = np.abs(h).sum()
-        col = np.abs(g) * (habs - np.abs(h)) + np.abs(h) * np.abs(1.0 - g) + np.abs(w)
-        col[self.k] = abs(g[self.k]) * habs + abs(w[self.k])
-        return float(np.max(col))  # ||M||_inf = 1
+        return float(keep_condition(self.q)[0])
 
     def why_singular(self) -> str:
         if self.n_zero >= 2:
@@ -270,6 +262,36 @@ class _KeepUniform:
         out[k, k] += float(m @ (w * w))
         out -= np.outer(p, p)
         return out
+
+
+def keep_condition(keep: np.ndarray) -> np.ndarray:
+    """∞-norm condition numbers of family-(8) matrices, one per row of ``keep`` (N, S), vectorised: O(N·S).
+
+    ||M||_∞ = 1 and ||M^{-1}||_∞ = ||G||_1 from the pivoted inverse of :class:`_KeepUniform`; inf where M is
+    singular (two or more keep probabilities at 1/S, or δ = 0)."""
+    q = np.atleast_2d(np.asarray(keep, dtype=float))
+    n, s = q.shape
+    if s < 2:
+        return np.full(n, np.inf)
+    d = (s * q - 1.0) / (s - 1)
+    rows = np.arange(n)
+    k = np.argmin(np.abs(d), axis=1)
+    dk = d[rows, k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = 1.0 / d
+        h[rows, k] = 0.0
+        a = h.sum(axis=1)
+        delta = 1.0 + dk * a
+        g = dk[:, None] * (h - 1.0) / delta[:, None]
+        g[rows, k] = (1.0 - dk) / delta
+        w = 1.0 - h + a[:, None] * g
+        habs = np.abs(h).sum(axis=1)
+        col = np.abs(g) * (habs[:, None] - np.abs(h)) + np.abs(h) * np.abs(1.0 - g) + np.abs(w)
+        col[rows, k] = np.abs(g[rows, k]) * habs + np.abs(w[rows, k])
+        cond = col.max(axis=1)
+    bad = (np.sum(d == 0.0, axis=1) >= 2) | ~np.all(np.isfinite(g), axis=1) | ~np.all(np.isfinite(h), axis=1) \
+        | ~np.isfinite(cond)
+    return np.where(bad, np.inf, cond)
 
 
 class _Dense:
@@ -345,6 +367,24 @@ class _Dense:
     def cov(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
         g = self.G()
         return (g * m) @ g.T - np.outer(p, p)
+
+
+def channel_condition(channel) -> tuple[float, str]:
+    """(condition number of the channel matrix, why it is singular): the estimator's identifiability test. The
+    true distribution can be estimated from the release iff the number is finite and <= DEFAULT_MAX_CONDITION
+    (every chooser checks this when it chooses: :func:`require_identifiable`)."""
+    try:
+        ops = _ops(channel)
+    except NonIdentifiableError as exc:
+        return float("inf"), str(exc)
+    cond = ops.condition()
+    return cond, ("" if np.isfinite(cond) and cond <= DEFAULT_MAX_CONDITION else ops.why_singular())
+
+
+def is_identifiable(channel, max_condition: float = DEFAULT_MAX_CONDITION) -> bool:
+    """True when the estimator can invert the channel (finite condition number <= ``max_condition``)."""
+    cond, _ = channel_condition(channel)
+    return bool(np.isfinite(cond) and cond <= max_condition)
 
 
 def _ops(channel):

@@ -20,6 +20,7 @@ from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import dense_epsilon, encode
 from pram_lib.core.counting import codes_of, combination_counts
+from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, is_identifiable
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
@@ -164,6 +165,12 @@ def check_custom_matrix(spec, i: int, v) -> None:
                              "each row is P(released | true) and must sum to 1")
     if not v.public and math.isinf(dense_epsilon(m)):
         raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
+    sv = np.linalg.svd(m, compute_uv=False)   # the estimator's test (core.estimate: 2-norm condition number)
+    if m.shape[1] < k or not sv[-1] > 0 or sv[0] / sv[-1] > DEFAULT_MAX_CONDITION:
+        raise spec.error(("variables", i, "matrix"), "the matrix cannot be inverted (rank below the number of "
+                         "categories, or condition number above 1e12): the true distribution could not be "
+                         "estimated from the release", None, "make its rows linearly independent (e.g. a larger "
+                         "diagonal)")
 
 
 def value_key(x) -> object:
@@ -304,10 +311,31 @@ def choose_prior(spec, i: int, v, counts: np.ndarray, cats: tuple,
 
 
 
+IDENTIFIABLE_FIX = {
+    "pram-custom": "give a matrix whose rows are linearly independent (e.g. a larger diagonal)",
+    "pram-invariant": "raise `min_diagonal:`, or use channel pram-optimal / rr-uniform",
+}
+
+
 def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp,
              prior: tuple[np.ndarray, str] | None = None):
-    """The channel of one stratum: (channel, prior label, prior ε0). `prior`: (p, label) already chosen (planning
-    builds one variable's channel at many ε)."""
+    """The channel of one stratum: (channel, prior label, prior ε0), checked to be identifiable. `prior`: (p, label)
+    already chosen (planning builds one variable's channel at many ε)."""
+    chosen = _build_channel(spec, i, v, counts, cats, seed, j, key, vp, prior)
+    if not is_identifiable(chosen[0]):
+        # No numbers in the message: a data-prior channel is a function of the source.
+        where = "" if key == NO_STRATUM else " in one stratum (named under found)"
+        raise spec.error(("variables", i, "epsilon" if v.epsilon is not None else "channel"),
+                         f"the {v.channel} channel chosen{where} cannot be inverted: its matrix is singular or its "
+                         "condition number exceeds 1e12, so the true distribution could not be estimated from the "
+                         "release", None if key == NO_STRATUM else {"stratum": stratum_label(vp.strata_columns, key)},
+                         IDENTIFIABLE_FIX.get(v.channel, "choose a different `epsilon:`, or use channel rr-uniform "
+                                              "(invertible at every ε > 0)"))
+    return chosen
+
+
+def _build_channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp,
+                   prior: tuple[np.ndarray, str] | None = None):
     from pram_lib.channels.accurate import accurate_pram
     from pram_lib.channels.pram import optimal_pram
     from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr, usable_epsilon

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import encode
+from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
 from pram_lib.core.randomness import at_row
 from pram_lib.core.strict import Strict
@@ -156,7 +157,7 @@ def choose_group(spec, i: int, v, gp: GroupProfile, seed: int):
         raise unresolved_target_error(spec, i, v)
     cats = {a: c for a, c in zip(gp.attributes, gp.categories)}
     if v.channel == "rr-independent":
-        return mr.rr_independent(cats, v.epsilon)
+        return _identifiable(spec, i, gp, mr.rr_independent(cats, v.epsilon))
     if v.channel == "rr-joint":
         ch = mr.rr_joint(cats, v.epsilon)
     else:
@@ -171,6 +172,16 @@ def choose_group(spec, i: int, v, gp: GroupProfile, seed: int):
         if k > mr.MAX_DATA_CELLS:
             raise spec.error(("variables", i), f"cluster {[gp.attributes[j] for j in cl]} has {k:,} cells, more "
                              f"than {mr.MAX_DATA_CELLS:,}", None, "use rr-clusters with a smaller T_v")
+    return _identifiable(spec, i, gp, ch)
+
+
+def _identifiable(spec, i: int, gp: GroupProfile, ch):
+    """The group channel, after checking each cluster's K-ary RR can be inverted (the estimator's bound)."""
+    for k, keep, cl in zip(ch.cluster_sizes, ch.keep, ch.clusters):
+        if k >= 2 and not keep_condition(np.full(int(k), float(keep)))[0] <= DEFAULT_MAX_CONDITION:
+            raise spec.error(("variables", i, "epsilon"), f"the randomized response of cluster "
+                             f"{[gp.attributes[j] for j in cl]} cannot be inverted (its matrix is singular or its "
+                             "condition number exceeds 1e12)", None, "raise `epsilon:`")
     return ch
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,27 @@ class Protection(Strict):
 
     Q: float = Field(default=0.75, gt=0, description="window half-width in units of σ_X")
     delta: float = Field(default=0.9, gt=0, lt=1, description="largest allowed posterior mass in the window")
+
+    # A level that asks nothing switches protection off while `level_met` says true (issue 26): a window of
+    # less than a tenth of an sd, or a posterior mass of up to 0.95+, is met by noise that pins values down.
+    MIN_Q: ClassVar[float] = 0.1
+    MAX_DELTA: ClassVar[float] = 0.95
+
+    @field_validator("Q")
+    @classmethod
+    def _q_asks_something(cls, v: float) -> float:
+        if not (math.isfinite(v) and v >= cls.MIN_Q):
+            raise ValueError(f"Q must be a finite number >= {cls.MIN_Q:g} (sd units): a narrower window is met by "
+                             "noise that pins the true values down (the paper's level is Q = 0.75)")
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_asks_something(cls, v: float) -> float:
+        if not 0 < v <= cls.MAX_DELTA:
+            raise ValueError(f"delta must be in (0, {cls.MAX_DELTA:g}]: a larger posterior mass in the window is "
+                             "met by noise that pins the true values down (the paper's level is delta = 0.9)")
+        return v
 
 
 class NoiseVariable(OneColumn):
@@ -75,6 +96,24 @@ class NoiseVariable(OneColumn):
         if v == "category":
             raise ValueError(f"{info.data.get('channel', 'noise')} adds noise to numbers: a missing value cannot be "
                              "one more category; drop `missing:` (missing values of a noised variable stay missing)")
+        return v
+
+    @field_validator("eta", "resolution")
+    @classmethod
+    def _finite(cls, v: float | None, info) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"`{info.field_name}:` must be a finite number > 0")
+        return v
+
+    @field_validator("point_masses")
+    @classmethod
+    def _point_masses_are_values(cls, v: list[float], info) -> list[float]:
+        if not all(math.isfinite(x) for x in v):
+            raise ValueError("`point_masses:` must list finite values")
+        if len(set(v)) != len(v):
+            raise ValueError("`point_masses:` lists a value twice")
+        if info.data.get("transform") == "log1p" and any(x < 0 for x in v):
+            raise ValueError("with `transform: log1p` the values are >= 0: a negative point mass holds no record")
         return v
 
     @model_validator(mode="after")
@@ -137,6 +176,7 @@ class NoiseStats:
     extremes: dict[str, tuple[float, float]]
     missing_changed: int = 0
     pairs: tuple[np.ndarray, np.ndarray, np.ndarray] = ()   # (source rows, source, released) of the row sample
+    within: tuple[int, int] = (0, 0)   # (released values within Q·σ̂ of their true value, non-missing values)
 
     def __add__(self, o: "NoiseStats") -> "NoiseStats":
         (c, (lo, hi)), = self.extremes.items()
@@ -145,7 +185,7 @@ class NoiseStats:
         order = np.argsort(at, kind="stable")   # source-row order, whatever order chunks were folded in
         return NoiseStats(self.sums + o.sums, {c: self.missing[c] + o.missing[c]},
                           {c: (min(lo, olo), max(hi, ohi))}, self.missing_changed + o.missing_changed,
-                          (at[order], x[order], z[order]))
+                          (at[order], x[order], z[order]), (self.within[0] + o.within[0], self.within[1] + o.within[1]))
 
 
 def central(sums: ExactSums) -> tuple[int, float, float, float]:
@@ -160,6 +200,67 @@ def central(sums: ExactSums) -> tuple[int, float, float, float]:
 THETA_STEP = 0.05
 
 
+def window(v, channel) -> float:
+    """Q·σ̂_X, the half-width of the protection measure's window, with the σ̂ the level was computed with."""
+    sigma = channel.details.get("sigma_x")
+    return v.level.Q * float(sigma) if sigma is not None else 0.0
+
+
+def released_level_checks(v, a: Assignment, stats: NoiseStats) -> list[dict]:
+    """The level on the values actually released: the share of released values within Q·σ̂ of their true value.
+    It is the average over z of P(|X - Z| < Q·σ̂ | Z = z), so at most sup_z of it: a share above δ means the
+    level is not met whatever the chooser measured (a parameter that defeats the measure, e.g. light point
+    masses or a vanishing resolution). Over every row, exactly; allowed above δ by 4 binomial sds (a release
+    meeting the level has an expected share <= δ). A fixed η whose lower level was accepted is not refused."""
+    inside, n = stats.within
+    if n == 0 or (v.eta is not None and v.accept_lower_protection):
+        return []
+    delta = v.level.delta
+    ok = inside <= n * delta + 4.0 * math.sqrt(n * delta * (1.0 - delta))
+    return [exact("protection level on the released values", ok,
+                  f"{a.column}: the share of released values within Q·sd(X) of their true value is "
+                  f"{'at most' if ok else 'above'} delta = {delta:g}" +
+                  ("" if ok else ": the released values pin the true ones down; the level is not met (check "
+                   "`point_masses:` and `resolution:`)"), a.column)]
+
+
+# A listed point mass is left out of the measure: its records get the noise chosen for the others and no level
+# of their own. That is honest only for a value tying so many records that whether a record sits on it is
+# disclosed anyway (the report says so) and that, left in, would dominate sup M̂: at least 1 record in 20 (the
+# share gamma.detect_point_masses flags by default). Values of a lattice holding 1-3 % each (ages) are not point
+# masses: `resolution:` is their tool. Listing light values shrank the noise of ages from η 14 to 0.43 (issue 26).
+MIN_POINT_MASS_SHARE = 0.05
+# The continuised measure spreads each value over its step: a step far below the spread is no step (and below
+# float64's digits of the values the difference quotient of the binned measure cancels to 0: issue 26's
+# `resolution: 1e-300` measured 0). A step above the spread would smear the whole variable over one step.
+MIN_RESOLUTION_SD, MAX_RESOLUTION_SD = 1e-6, 1.0
+
+
+def check_levels_parameters(spec, i: int, v, x: np.ndarray, atoms: list[float]) -> None:
+    """The data-dependent claims of `point_masses:` and `resolution:` hold on the profile sample `x` (release
+    scale). The messages name the field and the rule, never a value or a statistic of the source."""
+    for atom in atoms:
+        if np.count_nonzero(x == atom) < MIN_POINT_MASS_SHARE * x.size:
+            raise spec.error(("variables", i, "point_masses"), f"a listed point mass holds less than "
+                             f"{MIN_POINT_MASS_SHARE:.0%} of the records: a point mass is left out of the protection "
+                             "measure, which only a value tying that many records justifies", None,
+                             "list only values each held by at least 5 % of the records; for values recorded "
+                             "in whole units (ages, hours) use `resolution:` instead")
+    if v.resolution is None or x.size < 2:
+        return
+    sd, r = float(np.std(x, ddof=1)), v.resolution   # both on the release scale, where the measure runs
+    if not MIN_RESOLUTION_SD * sd <= r <= MAX_RESOLUTION_SD * sd:
+        raise spec.error(("variables", i, "resolution"), "the recording step must lie between a millionth of the "
+                         "variable's standard deviation and one standard deviation (the measure spreads each value "
+                         "over its step)", None, "give the step the values are recorded in (e.g. 1 for whole "
+                         "years), or drop `resolution:` for values recorded to many digits")
+    distinct = np.unique(x)
+    if distinct.size > 1 and float(np.min(np.diff(distinct))) < r * (1 - 1e-9):
+        raise spec.error(("variables", i, "resolution"), "two recorded values lie closer together than the "
+                         "recording step: the values are not recorded in that step", None,
+                         "give the step the values are recorded in, or drop `resolution:`")
+
+
 def choose_noise(spec, i: int, v, np_: NumericProfile):
     """Two-sided Gamma noise for a continuous variable: fixed (ϑ, η), or optimised for the protection level."""
     x = np_.values[~np.isnan(np_.values)]
@@ -170,6 +271,7 @@ def choose_noise(spec, i: int, v, np_: NumericProfile):
                          + (" besides its `point_masses:`" if atoms else "") + ": Gamma noise is scaled to the "
                          "column's standard deviation, which is 0, so no noise level can be chosen", v.column,
                          "drop the variable (or its `point_masses:`), or check that the right column is named")
+    check_levels_parameters(spec, i, v, x, atoms)
     Q, delta = v.level.Q, v.level.delta
     if v.eta is not None:
         theta = 1.0 if v.channel == "laplace-noise" else (v.theta if v.theta is not None else 1.0)
@@ -293,7 +395,11 @@ def _protection_reached(v, details: dict, delta: float) -> dict:
         return {"delta_required": delta, "sup_M_reached": None, "level_met": None}
     out = {"delta_required": delta, "sup_M_reached": round(float(sup), 4),
            "level_met": bool(sup <= delta + PROTECTION_TOLERANCE),
-           "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection)}
+           "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection),
+           "released_values_check": (
+               "not checked: a lower level was accepted" if v.eta is not None and v.accept_lower_protection else
+               "passed: at most delta of the released values lie within Q*sd(X) of their true value (the gate's "
+               "exact check over every row; a release failing it is not published)")}
     if "as_is_sup_M_at_choice" in details:
         out["scope"] = "records not at a listed point mass (the noise is added to every record)"
         out["sup_M_reached_all_records"] = round(float(details["as_is_sup_M_at_choice"]), 2)
@@ -416,6 +522,21 @@ class Noise(Family):
     slot = "numeric"
     spec_model = NoiseVariable
 
+    def check_spec(self, spec, i, v):
+        if v.bounds is not None:
+            lo, hi = v.bounds
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise spec.error(("variables", i, "bounds"), "bounds must be finite", list(v.bounds),
+                                 "give finite [lower, upper], or drop `bounds:`")
+            outside = [x for x in v.point_masses if not lo <= x <= hi]
+            if outside:
+                raise spec.error(("variables", i, "point_masses"), "point masses outside the declared bounds hold "
+                                 "no record", outside, "drop them, or widen `bounds:`")
+            if v.resolution is not None and v.resolution > hi - lo:
+                raise spec.error(("variables", i, "resolution"), "the recording step is wider than the declared "
+                                 "range", v.resolution, "give the step the values are recorded in (e.g. 1 for "
+                                 "whole years), or drop `resolution:`")
+
     def clean(self, spec, i, v, df):
         df[v.column] = numeric_column(spec, i, v, df[v.column])
 
@@ -449,7 +570,8 @@ class Noise(Family):
         keep = plan.sample_rows(start, len(df))
         stats = NoiseStats(ExactSums.of(z, plan.variables[v.key], start), {v.column: int(np.isnan(z).sum())},
                            {v.column: (float(live.min()), float(live.max())) if live.size else (math.inf, -math.inf)},
-                           int((np.isnan(x) != np.isnan(z)).sum()), (start + np.flatnonzero(keep), x[keep], z[keep]))
+                           int((np.isnan(x) != np.isnan(z)).sum()), (start + np.flatnonzero(keep), x[keep], z[keep]),
+                           (int(np.count_nonzero(np.abs(z - x) < window(v, a.channel))), int(live.size)))
         return {v.column: z}, stats
 
     def continuous(self, plan, v, assignments, stats, sample, level):
@@ -474,7 +596,7 @@ class Noise(Family):
                         "missingness", a.column)] if stats.missing_changed else []
         res = noise_consistency_test(stats.pairs[1], stats.pairs[2], a.channel, level=level)
         res.update(variable=a.column, stratum=a.stratum_label, scope="row sample")
-        return [res], checks
+        return [res], checks + released_level_checks(v, a, stats)
 
     def channel_entries(self, spec, v, assignments):
         return [noise_entry(spec, a) for a in assignments]

@@ -172,7 +172,7 @@ CASES: dict[str, tuple] = {
                                       "outside the declared bounds"),
     "log1p of negative values": (with_noise(transform="log1p"), src(score=[-5.0] + [1.0] * (N - 1)),
                                  "variables[2].transform", "log1p needs values >= 0"),
-    "protection nobody can meet": (with_noise(protection={"Q": 0.0001, "delta": 0.0001}), None, "variables[2]",
+    "protection nobody can meet": (with_noise(protection={"Q": 0.1, "delta": 0.0001}), None, "variables[2]",
                                    "no noise meets the protection level"),
     "prior file missing": (var(1, prior={"file": "ref.csv"}), None, "variables[1].prior.file",
                            "prior file not found"),

@@ -364,3 +364,45 @@ def test_a_large_cross_cluster_table_is_planned_as_the_release_estimates_it(tmp_
     np.testing.assert_allclose(table.se[4.0], published["se"].to_numpy(), rtol=1e-9)
     share = mr.estimate_marginal(channel, None, ["a"], counts=np.full(40, 300))
     np.testing.assert_allclose(plan.variables[0].estimands[0].se[4.0], share["se"].to_numpy(), rtol=1e-9)
+
+
+# -- issue 26, item 4: a pram-optimal channel whose MI optimum is singular ----------------------------------
+SINGULAR_SPEC = """\
+release: singular-optimum
+source: {{path: data.csv}}
+output: out
+private_store: priv
+budget: 5
+rows: 2000
+variables:
+  - column: a
+    channel: pram-optimal
+    alpha: 1.2
+    prior: {prior}
+"""
+
+
+@pytest.mark.parametrize("prior", ["{file: ref.csv}", "data"])
+def test_singular_optimum_is_checked_planned_and_released_invertible(tmp_path, capsys, prior):
+    """ε 1.2, shares [0.55, 0.25, 0.15, 0.05] (issue 26): the MI-optimal keep [0.774, 1/4, 1/4, 1/4] is singular.
+    check and plan print numbers (no nan), and the release's estimate is the inversion of an invertible matrix."""
+    from tests.local_release import publish_locally
+
+    shares = [0.55, 0.25, 0.15, 0.05]
+    pd.DataFrame({"category": list("wxyz"), "probability": shares}).to_csv(tmp_path / "ref.csv", index=False)
+    pd.DataFrame({"a": np.repeat(list("wxyz"), [1100, 500, 300, 100])}).to_csv(tmp_path / "data.csv", index=False)
+    path = tmp_path / "spec.yaml"
+    path.write_text(SINGULAR_SPEC.format(prior=prior))
+    assert main(["check", str(path)]) == 0
+    assert main(["plan", str(path), "--out", str(tmp_path / "priv" / "plan")]) == 0
+    printed = capsys.readouterr().out
+    assert "nan" not in printed.lower()
+    rel = publish_locally(path, seed=7)
+    (a,) = rel.assignments
+    q = np.asarray(a.channel.keep)
+    M = np.diag(q) + ((1 - q) / 3)[:, None] * (1 - np.eye(4))   # family (8): keep q, move uniformly
+    assert np.linalg.cond(M) < 1e12
+    est = pd.read_csv(rel.folder / "estimates.csv")
+    released = est.set_index("category")["released_share"].reindex(list("wxyz")).to_numpy()
+    np.testing.assert_allclose(est.set_index("category")["estimate"].reindex(list("wxyz")).to_numpy(),
+                               np.linalg.solve(M.T, released), atol=1e-9)

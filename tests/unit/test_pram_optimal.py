@@ -358,6 +358,7 @@ def test_float_cdd_is_unreliable_at_large_alpha():
 @pytest.mark.parametrize("S,a", CDD_CASES + [(2, 0.3), (2, 3.0)])
 def test_solver_matches_cdd_bruteforce(S, a):
     V = cdd_vertices(S, a)
+    V = V[[np.linalg.cond(dense_M(v)) < 1e12 for v in V]]   # a released channel must be invertible (issue 26)
     rng = np.random.default_rng(1000 * S + int(10 * a))
     n_p = 8 if S <= 8 else 4
     for i in range(n_p):
@@ -523,6 +524,7 @@ def test_search_outside_regime_matches_family_enumeration():
     rng = np.random.default_rng(17)
     for S, a in ((11, 3.5), (12, 6.0), (13, 2.7), (13, 4.0)):
         F = P.family_vertices(S, a)
+        F = F[np.linalg.cond(np.stack([dense_M(v) for v in F])) < 1e12]   # released channels are invertible
         for _ in range(3):
             p = random_p(rng, S)
             fe = P._f_rows(p, F).max()
@@ -695,3 +697,50 @@ def test_alpha_too_large_for_float64():
         P.optimal_pram([0.5, 0.25, 0.25], 31.0)
     ch = P.optimal_pram([0.5, 0.25, 0.25], 25.0)
     assert P.is_dp(ch.keep, 25.0) and ch.objective <= -sum(x * math.log(x) for x in (0.5, 0.25, 0.25)) + 1e-12
+
+
+# ------------------------------------------------------------------------------------------------
+# identifiability (issue 26, item 4): a released channel must be invertible
+# ------------------------------------------------------------------------------------------------
+ISSUE26_P = np.array([0.55, 0.25, 0.15, 0.05])
+
+
+def test_issue26_singular_optimum_gives_best_invertible_vertex():
+    """ε 1.2, shares [0.55, 0.25, 0.15, 0.05]: the MI-optimal vertex (keep [0.774, 1/4, 1/4, 1/4]) has three
+    uniform rows, so it is singular. The solver returns the best vertex whose matrix is invertible (brute force
+    over every vertex by cdd, invertibility by the dense matrix's condition number)."""
+    alpha = 1.2
+    V = cdd_vertices(4, alpha)
+    mi = np.array([direct_mi(ISSUE26_P, v) for v in V])
+    invertible = np.array([np.linalg.cond(dense_M(v)) < 1e12 for v in V])
+    assert not invertible[np.argmax(mi)]            # the global optimum is singular: this is the hostile case
+    ch = P.optimal_pram(ISSUE26_P, alpha)
+    q = np.asarray(ch.keep)
+    assert ratio_dp(q, alpha)
+    assert np.linalg.cond(dense_M(q)) < 1e12
+    assert direct_mi(ISSUE26_P, q) >= mi[invertible].max() * (1 - 1e-9)
+    assert direct_mi(ISSUE26_P, q) < mi.max()
+    assert "singular" in ch.method and ch.details["singular_optimum"]["mutual_information"] == pytest.approx(mi.max())
+
+
+@pytest.mark.parametrize("S,alpha", [(3, 0.7), (4, 1.2), (4, 2.5), (5, 1.5), (6, 3.0)])
+def test_returned_vertex_is_always_invertible_and_best_among_invertible(S, alpha):
+    rng = np.random.default_rng(26)
+    V = cdd_vertices(S, alpha)
+    invertible = np.array([np.linalg.cond(dense_M(v)) < 1e12 for v in V])
+    for _ in range(6):
+        p = random_p(rng, S)
+        q = np.asarray(P.optimal_pram(p, alpha).keep)
+        mi = np.array([direct_mi(p, v) for v in V])
+        assert np.linalg.cond(dense_M(q)) < 1e12
+        assert direct_mi(p, q) >= mi[invertible].max() * (1 - 1e-9) - 1e-15
+
+
+def test_keep_condition_is_the_dense_infinity_norm_condition():
+    from pram_lib.core.estimate import keep_condition
+
+    rng = np.random.default_rng(3)
+    Q = rng.uniform(0, 1, (40, 5))
+    expect = np.array([np.linalg.cond(dense_M(q), np.inf) for q in Q])
+    assert np.allclose(keep_condition(Q), expect, rtol=1e-8)
+    assert np.isinf(keep_condition([[0.774, 0.25, 0.25, 0.25]])[0])   # three uniform rows: rank 2

@@ -190,13 +190,15 @@ def test_alias_bomb_fails_fast_in_bounded_memory(tmp_path):
 
 def test_a_few_aliases_still_load(tmp_path):
     """yaml.safe_dump writes anchors for a list used twice: such a generated spec loads."""
-    third = [1 / 3] * 3
-    d = synth.spec_dict(tmp_path, variables=[{"column": "colour", "channel": "pram-custom",
-                                              "categories": ["red", "green", "blue"],
-                                              "matrix": [third, third, third], "public": True}])
+    cats = ["red", "green", "blue"]   # one list used twice (a matrix with a row used twice is singular: refused)
+    matrix = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]
+    d = synth.spec_dict(tmp_path, variables=[{"column": "colour", "channel": "pram-custom", "categories": cats,
+                                              "matrix": matrix, "public": True},
+                                             {"column": "size", "channel": "rr-uniform", "gamma": 3.0,
+                                              "categories": cats}])
     p = write(tmp_path, d)
     assert "&id" in p.read_text() and "*id" in p.read_text()
-    assert load_spec(p).variables[0].matrix == [third] * 3
+    assert load_spec(p).variables[1].categories == cats
 
 
 def test_recursive_alias_is_refused(tmp_path):
