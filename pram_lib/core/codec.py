@@ -65,7 +65,7 @@ def _keep_uniform(e: Mapping, path: str) -> None:
     keep = _vector(e, "keep", path, name)
     if keep.size != len(cats):
         raise EntryError(f"{path}.keep", name, f"has {keep.size} entries for {len(cats)} categories")
-    _probabilities(keep, f"{path}.keep", name, lambda i: f"[{i}] (category {cats[i]!r})")
+    _probabilities(keep, f"{path}.keep", name, lambda i: f"the keep of category {cats[i]!r}")
     if keep.size == 1:
         if keep[0] != 1.0:
             raise EntryError(f"{path}.keep[0]", name, f"is {keep[0]!r}: with one category the row is keep[0] "
@@ -82,8 +82,7 @@ def _dense(e: Mapping, path: str) -> None:
     if m.shape != (len(cats), len(outs)):
         raise EntryError(f"{path}.matrix", name, f"is {m.shape[0]} × {m.shape[1]} but there are {len(cats)} "
                                                  f"categories and {len(outs)} output_categories")
-    _probabilities(m, f"{path}.matrix", name,
-                   lambda x, z: f"[{x}][{z}] (true {cats[x]!r}, released {outs[z]!r})")
+    _probabilities(m, f"{path}.matrix", name, lambda x, z: f"P(released {outs[z]!r} | true {cats[x]!r})")
     _rows_sum_to_one(m.sum(axis=1), f"{path}.matrix", name, cats)
     _identifiable(_Dense(m), f"{path}.matrix", name)
     _epsilon_claims(e, path, name, dense_epsilon(m))
@@ -121,7 +120,7 @@ def _multi_rr(e: Mapping, path: str) -> None:
         raise EntryError(f"{path}.epsilon_dependence", group, f"is {dependence!r} < 0")
     if e.get("dependence") is not None:
         d = _matrix(e, "dependence", path, group)
-        _finite(d, f"{path}.dependence", group, lambda *i: "".join(f"[{k}]" for k in i))
+        _finite(d, f"{path}.dependence", group)
     weight = e.get("weight_column")
     if weight is not None and (not isinstance(weight, str) or weight in attrs):
         raise EntryError(f"{path}.weight_column", group, f"is {weight!r}: it must be a column name other than "
@@ -293,19 +292,22 @@ def _matrix(e: Mapping, key: str, path: str, name: str) -> np.ndarray:
     return _array(e.get(key), f"{path}.{key}", name, 2)
 
 
-def _finite(a: np.ndarray, path: str, name: str, at) -> None:
-    bad = np.argwhere(~np.isfinite(a))
-    if bad.size:
-        i = tuple(int(k) for k in bad[0])
-        raise EntryError(f"{path}{at(*i)}", name, f"is {a[i]!r}, not a finite number")
+def _first(bad: np.ndarray, a: np.ndarray, path: str, name: str, label, problem: str) -> None:
+    """Refuse the first flagged element of `a`, its path indexed ([i][j]) and `label(i, j)` saying what it is."""
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        what = label(*i) if label else ""
+        raise EntryError(path + "".join(f"[{k}]" for k in i), name,
+                         f"{what + ' ' if what else ''}is {float(a[i])!r}, {problem}")
 
 
-def _probabilities(a: np.ndarray, path: str, name: str, at) -> None:
-    _finite(a, path, name, at)
-    bad = np.argwhere((a < 0) | (a > 1))
-    if bad.size:
-        i = tuple(int(k) for k in bad[0])
-        raise EntryError(f"{path}{at(*i)}", name, f"is {a[i]!r}, not a probability in [0, 1]")
+def _finite(a: np.ndarray, path: str, name: str, label=None) -> None:
+    _first(~np.isfinite(a), a, path, name, label, "not a finite number")
+
+
+def _probabilities(a: np.ndarray, path: str, name: str, label) -> None:
+    _finite(a, path, name, label)
+    _first((a < 0) | (a > 1), a, path, name, label, "not a probability in [0, 1]")
 
 
 def _rows_sum_to_one(sums: np.ndarray, path: str, name: str, cats: list) -> None:

@@ -5,6 +5,7 @@ result's frame, bad input exits 2 with one "error:" line and no traceback, a tam
 
 from __future__ import annotations
 
+import math
 import shutil
 import textwrap
 from pathlib import Path
@@ -203,3 +204,91 @@ def test_malformed_channels_json_with_no_verify_is_an_error_not_a_traceback(rele
     (copy / "channels.json").write_text('{"channels": [{"family": "keep-uniform", "variables": ["a"]}]}')
     code, out, err = run(capsys, copy, "--no-verify", "table", "a")
     assert code == 2 and err.startswith("error: ") and "channels.json" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# a channels.json that is not a valid channel is refused on read, wherever the release came from
+# ------------------------------------------------------------------------------------------------
+def _republish(copy: Path, edit) -> None:
+    """Edit channels.json in place (`edit(entries by variable)`) and rewrite its manifest hash, as a faulty or
+    hostile publisher would: the manifest check passes, so only the channel check can refuse it."""
+    import hashlib
+    import json
+
+    doc = json.loads((copy / "channels.json").read_text())
+    edit({e["variables"][0]: e for e in doc["channels"]})
+    data = (json.dumps(doc, indent=2) + "\n").encode()   # allow_nan: NaN is written as the literal NaN
+    (copy / "channels.json").write_bytes(data)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["channels.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _set(variable: str, field: str, value):
+    def edit(entries):
+        entries[variable][field] = value
+    return edit
+
+
+# entries: a = channels[0] (rr-uniform, keep 2/3 each: ε = log 4), b = channels[1] (custom [[.8,.2],[.2,.8]]:
+# ε = log 4), y = channels[2] (Laplace noise). Each edit, and where and what the error must say.
+TAMPERED = {
+    "negative matrix entry": (_set("b", "matrix", [[0.8, 0.2], [-0.1, 1.1]]),
+                              "channels[1].matrix[1][0] (variable 'b'): P(released 'no' | true 'yes') is -0.1, not a probability "
+                              "in [0, 1]"),
+    "keep 1.7": (_set("a", "keep", [1.7, 2 / 3, 2 / 3]),
+                 "channels[0].keep[0] (variable 'a'): the keep of category 'p' is 1.7, not a probability"),
+    "row sums to 0.9": (_set("b", "matrix", [[0.8, 0.2], [0.25, 0.65]]),
+                        "channels[1].matrix[1] (variable 'b'): row 1 (true 'yes') sums to 0.9"),
+    "NaN keep": (_set("a", "keep", [2 / 3, float("nan"), 2 / 3]),
+                 "channels[0].keep[1] (variable 'a'): the keep of category 'q' is nan, not a finite number"),
+    "NaN noise scale": (_set("y", "eta", float("nan")), "channels[2].eta (variable 'y'): is nan, not a finite"),
+    "singular matrix": (_set("b", "matrix", [[0.5, 0.5], [0.5, 0.5]]),
+                        "channels[1].matrix (variable 'b'): the channel is singular"),
+    "singular keep (1/S)": (_set("a", "keep", [1 / 3, 1 / 3, 1 / 3]),
+                            "channels[0].keep (variable 'a'): the channel is singular"),
+    # 0.8/0.2 = 4: the matrix's ε is log 4 = 1.386; a claim of 0.5 understates it
+    "epsilon claim below the matrix's": (_set("b", "epsilon", 0.5),
+                                         "channels[1].epsilon (variable 'b'): claims ε = 0.5 but the published "
+                                         "matrix gives ε = 1.386"),
+    "guarantee's epsilon below the matrix's": (lambda e: e["a"]["guarantee"].update(epsilon=1.0, gamma=math.e),
+                                               "channels[0].guarantee.epsilon (variable 'a'): claims ε = 1.0"),
+    "one category too many": (_set("a", "categories", ["p", "q", "r", "s"]),
+                              "channels[0].keep (variable 'a'): has 3 entries for 4 categories"),
+    "output category missing": (_set("b", "output_categories", ["no"]),
+                                "channels[1].matrix (variable 'b'): is 2 × 2 but there are 2 categories and 1 "
+                                "output_categories"),
+    "category twice": (_set("a", "categories", ["p", "q", "p"]),
+                       "channels[0].categories[2] (variable 'a'): category 'p' is also at position 0"),
+    "noise scale negative": (_set("y", "eta", -1.6),
+                             "channels[2].eta (variable 'y'): is -1.6; the noise's shape θ and scale η must be > 0"),
+    "noise shape zero": (_set("y", "theta", 0.0), "channels[2].theta (variable 'y'): is 0.0"),
+    # Var Y = θ(θ + 1)η² is what the means subtract: a published variance off the law biases them
+    "noise variance off the law": (_set("y", "noise_variance", 1.0),
+                                   "channels[2].noise_variance (variable 'y'): is 1.0 but θ(θ + 1)η²"),
+    "noise mean not zero": (_set("y", "noise_mean", 3.0), "channels[2].noise_mean (variable 'y'): is 3.0"),
+    "unknown noise scale": (_set("y", "scale", "log"), "channels[2].scale (variable 'y'): is 'log'"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERED))
+def test_a_channel_that_is_not_valid_is_refused_with_its_entry(release, tmp_path, capsys, case):
+    """Each edit gave plausible estimates (or a traceback) before: now exit 2, one error line naming
+    channels.json, the entry's JSON path and variable and what is wrong, and no estimate printed."""
+    edit, message = TAMPERED[case]
+    copy = _copy(release, tmp_path)
+    _republish(copy, edit)
+    for args in (["table", "a", "b"], ["mean", "y"], ["describe"]):
+        code, out, err = run(capsys, copy, *args)
+        assert code == 2 and out == "", (args, out)
+        assert err.startswith(f"error: {copy / 'channels.json'}: ") and message in err, err
+        assert "pram-release verify" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_untouched_republished_release_still_reads(release, tmp_path, capsys):
+    """The manifest rewrite alone changes nothing: the same channels are accepted and give the same table."""
+    copy = _copy(release, tmp_path)
+    _republish(copy, lambda entries: None)
+    code, out, err = run(capsys, copy, "table", "a", "b")
+    assert code == 0 and err == ""
+    assert out == f"{open_release(release).table(['a', 'b'])}\n"
