@@ -318,6 +318,12 @@ def _rows_sum_to_one(sums: np.ndarray, path: str, name: str, cats: list) -> None
                                                f"(tolerance {ROW_SUM_TOLERANCE:g}): not a probability distribution")
 
 
+def dense_condition(matrix: np.ndarray) -> float:
+    """2-norm condition number of a k × m channel matrix (inf below full row rank): above ``MAX_CONDITION`` its
+    true distribution cannot be estimated."""
+    return _Dense(np.asarray(matrix, dtype=float)).condition()
+
+
 def _identifiable(ops, path: str, name: str) -> None:
     cond = ops.condition()
     if not cond <= MAX_CONDITION:

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import dense_epsilon, encode
+from pram_lib.core.codec import MAX_CONDITION, dense_condition
 from pram_lib.core.counting import codes_of, combination_counts
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
@@ -164,6 +165,11 @@ def check_custom_matrix(spec, i: int, v) -> None:
                              "each row is P(released | true) and must sum to 1")
     if not v.public and math.isinf(dense_epsilon(m)):
         raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
+    if not dense_condition(m) <= MAX_CONDITION:   # an analyst could not estimate it (pram_lib.core.codec)
+        raise spec.error(("variables", i, "matrix"), f"the matrix is singular or nearly so (condition number "
+                         f"{dense_condition(m):.3g} > {MAX_CONDITION:g}): the variable's true distribution could "
+                         "not be estimated from the release", m.tolist(),
+                         "make the rows differ (no row a mix of the others), e.g. a larger diagonal")
 
 
 def value_key(x) -> object:
