@@ -14,7 +14,7 @@ What is checked (the maths each reader relies on):
   keep + (K − 1) move_each = 1, keep = e^ε / (e^ε + K − 1) for the cluster's ε, ε_release = Σ cluster ε;
 - additive noise: θ, η finite and positive, E Y = 0 and Var Y = θ(θ + 1)η² as published, a known scale;
 - across entries (:func:`check_entries`): a variable's strata share categories and strata columns, each stratum
-  key once, no column described by two entries.
+  key once, no column described by two entries; the release's ε account (:func:`check_document`) covers them.
 """
 
 from __future__ import annotations
@@ -240,6 +240,40 @@ def check_entries(entries: Any, path: str = "channels") -> None:
             if c in owner:
                 raise EntryError(where, f"column {c!r}", f"is also described by {owner[c]}; a column has one channel")
             owner[c] = where
+
+
+def check_document(doc: Any) -> None:
+    """Check a whole channels.json: its entries (:func:`check_entries`), then the release's ε totals where the
+    document has them: each DP variable's `epsilon_by_variable` covers the largest guarantee ε of its entries
+    (strata compose in parallel) and `epsilon_spent` is their sum (sequential composition)."""
+    if not isinstance(doc, Mapping):
+        raise EntryError("(document)", "", "is not a JSON object with a list `channels`")
+    check_entries(doc.get("channels"))
+    spent = doc.get("epsilon_by_variable")
+    if spent is None:
+        return
+    if not isinstance(spent, Mapping):
+        raise EntryError("epsilon_by_variable", "", "is not an object {variable: ε}")
+    needed: dict[str, tuple[float, str]] = {}
+    for i, e in enumerate(doc["channels"]):
+        g = e.get("guarantee")
+        if isinstance(g, Mapping) and g.get("kind") == "ldp":
+            name = str(e["variable"] if e["family"] == "multi-rr" else e["variables"][0])
+            eps = _number(g, "epsilon", f"channels[{i}].guarantee", f"variable {name!r}", allow_inf=True)
+            if eps > needed.get(name, (-1.0, ""))[0]:
+                needed[name] = (eps, f"channels[{i}]")
+    for name, (eps, where) in needed.items():
+        claimed = _number(spent, name, "epsilon_by_variable", f"variable {name!r}", default=-math.inf,
+                          allow_inf=True) if name in spent else None
+        if claimed is None or claimed < eps * (1.0 - EPSILON_TOLERANCE) - EPSILON_TOLERANCE:
+            raise EntryError(f"epsilon_by_variable.{name}", f"variable {name!r}",
+                             f"is {claimed!r} but {where}.guarantee.epsilon is {eps!r}: the release's account "
+                             "understates the privacy loss")
+    total = math.fsum(_number(spent, k, "epsilon_by_variable", f"variable {k!r}", allow_inf=True) for k in spent)
+    claimed = _number(doc, "epsilon_spent", "(document)", "", default=total, allow_inf=True)
+    if not (claimed == total or math.isclose(claimed, total, rel_tol=EPSILON_TOLERANCE,
+                                             abs_tol=EPSILON_TOLERANCE)):
+        raise EntryError("epsilon_spent", "", f"is {claimed!r} but epsilon_by_variable sums to {total!r}")
 
 
 # ------------------------------------------------------------------------------------------------
