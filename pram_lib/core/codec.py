@@ -67,7 +67,7 @@ def _keep_uniform(e: Mapping, path: str) -> None:
         raise EntryError(f"{path}.keep", name, f"has {keep.size} entries for {len(cats)} categories")
     _probabilities(keep, f"{path}.keep", name, lambda i: f"the keep of category {cats[i]!r}")
     if keep.size == 1:
-        if keep[0] != 1.0:
+        if abs(keep[0] - 1.0) > ROW_SUM_TOLERANCE:
             raise EntryError(f"{path}.keep[0]", name, f"is {keep[0]!r}: with one category the row is keep[0] "
                                                        "alone and must be 1")
     else:

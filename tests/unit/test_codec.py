@@ -225,3 +225,20 @@ def test_the_analyst_s_reader_names_the_file_and_never_builds_the_channel():
     assert str(exc.value).startswith("rel/channels.json: channels[1].keep[2] (variable 'a', stratum 'sex=M'): "
                                      "the keep of category 'r' is -0.5, not a probability in [0, 1]")
     np.testing.assert_equal(doc["channels"][0]["keep"], [4 / 6] * 3)   # nothing was changed in place
+
+
+def test_publishing_refuses_a_channels_json_its_readers_would_refuse(tmp_path, monkeypatch):
+    """The publish step runs the same check before writing: a channel its readers would refuse is a bug, and
+    nothing is written (the staging folder stays empty)."""
+    from types import SimpleNamespace
+
+    from pram_lib.pipeline import publish
+
+    bad = _keep()
+    bad["keep"][0] = 1.7
+    monkeypatch.setattr(publish, "channels_document", lambda spec, assignments: {"channels": [bad]})
+    with pytest.raises(RuntimeError, match=r"channels.json would not read back \(channels\[0\]\.keep\[0\], "
+                                           r"variable 'a': the keep of category 'p' is 1\.7"):
+        publish.write_release_files(SimpleNamespace(tmp=tmp_path), None, [], None, (None, None, None), {}, 0, [],
+                                    "", [])
+    assert list(tmp_path.iterdir()) == []
