@@ -53,7 +53,7 @@ def check_entry(entry: Any, path: str = "entry") -> None:
     if not isinstance(entry, Mapping):
         raise EntryError(path, "", f"is {type(entry).__name__}, not an object")
     family = entry.get("family")
-    check = _CHECKS.get(family)
+    check = _CHECKS.get(family) if isinstance(family, str) else None
     if check is None:
         raise EntryError(f"{path}.family", "", f"is {family!r}, not one of {sorted(_CHECKS)}",
                          "update pram-release if the release is newer than it, else " + FIX)
@@ -68,8 +68,8 @@ def _keep_uniform(e: Mapping, path: str) -> None:
     _probabilities(keep, f"{path}.keep", name, lambda i: f"the keep of category {cats[i]!r}")
     if keep.size == 1:
         if abs(keep[0] - 1.0) > ROW_SUM_TOLERANCE:
-            raise EntryError(f"{path}.keep[0]", name, f"is {keep[0]!r}: with one category the row is keep[0] "
-                                                       "alone and must be 1")
+            raise EntryError(f"{path}.keep[0]", name, f"is {float(keep[0])!r}: with one category the row is "
+                                                       "keep[0] alone and must be 1")
     else:
         _identifiable(_KeepUniform(keep), f"{path}.keep", name)
     _epsilon_claims(e, path, name, keep_uniform_epsilon(keep))
@@ -221,8 +221,9 @@ def check_entries(entries: Any, path: str = "channels") -> None:
                                                                                f"per strata column {columns!r}")
             if name in strata:
                 first, e0, keys = strata[name]
-                for field_ in ("categories", "output_categories", "strata_columns"):
-                    if e.get(field_, e0.get(field_)) != e0.get(field_, e.get(field_)):
+                for field_, read in (("categories", _true), ("output_categories", _released),
+                                     ("strata_columns", lambda x: x.get("strata_columns"))):
+                    if read(e) != read(e0):
                         raise EntryError(f"{where}.{field_}", f"variable {name!r}, stratum {e.get('stratum')!r}",
                                          f"differs from that of {path}[{first}] (another stratum of the variable)")
                 if tuple(key) in keys:
@@ -279,11 +280,20 @@ def check_document(doc: Any) -> None:
 # ------------------------------------------------------------------------------------------------
 # pieces
 # ------------------------------------------------------------------------------------------------
+def _true(e: Mapping) -> list:
+    return e["categories"]
+
+
+def _released(e: Mapping) -> list:
+    return e.get("output_categories") or e["categories"]
+
+
 def _variable(e: Mapping, path: str) -> str:
     v = e.get("variables")
     if not isinstance(v, list) or len(v) != 1 or not isinstance(v[0], str) or not v[0]:
         raise EntryError(f"{path}.variables", "", f"is {v!r}: it must name the one released column")
-    return f"variable {v[0]!r}" + (f", stratum {e.get('stratum', e.get('stratum_key'))!r}" if e.get("strata_columns") else "")
+    stratum = e.get("stratum", e.get("stratum_key"))
+    return f"variable {v[0]!r}" + (f", stratum {stratum!r}" if e.get("strata_columns") else "")
 
 
 def _categorical_head(e: Mapping, path: str) -> tuple[str, list]:

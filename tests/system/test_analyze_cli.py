@@ -239,8 +239,8 @@ def _set(variable: str, field: str, value, stratum: str | None = None):
 # ε = log 4), y = channels[2] (Laplace noise). Each edit, and where and what the error must say.
 TAMPERED = {
     "negative matrix entry": (_set("b", "matrix", [[0.8, 0.2], [-0.1, 1.1]]),
-                              "channels[1].matrix[1][0] (variable 'b'): P(released 'no' | true 'yes') is -0.1, not a probability "
-                              "in [0, 1]"),
+                              "channels[1].matrix[1][0] (variable 'b'): P(released 'no' | true 'yes') is -0.1, "
+                              "not a probability in [0, 1]"),
     "keep 1.7": (_set("a", "keep", [1.7, 2 / 3, 2 / 3]),
                  "channels[0].keep[0] (variable 'a'): the keep of category 'p' is 1.7, not a probability"),
     "row sums to 0.9": (_set("b", "matrix", [[0.8, 0.2], [0.25, 0.65]]),

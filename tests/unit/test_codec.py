@@ -64,7 +64,7 @@ def _refused(entry: dict, path: str, *words: str) -> str:
 def test_categorical_entries_that_are_not_channels_are_refused():
     e = _custom()
     e["matrix"][1] = [-0.1, 1.1]
-    _refused(e, "entry.matrix[1][0] (variable 'b')", "P(released 'no' | true 'yes') is -0.1, not a probability in [0, 1]")
+    _refused(e, "entry.matrix[1][0] (variable 'b')", "P(released 'no' | true 'yes') is -0.1, not a probability")
     e = _custom()
     e["matrix"][1] = [0.25, 0.65]
     _refused(e, "entry.matrix[1] (variable 'b')", "row 1 (true 'yes') sums to 0.9")
@@ -211,8 +211,15 @@ def test_entries_must_agree_with_each_other():
         c["attributes"] = names
     with pytest.raises(EntryError, match=r"channels\[1\] \(column 'a'\): is also described by channels\[0\]"):
         check_entries([_keep(), twice])
-    with pytest.raises(EntryError, match=r"channels\[0\]\.family: is 'dense-ish'"):
-        check_entries([{**_custom(), "family": "dense-ish"}])
+    released = _custom()                                 # categories as b's, but it releases only 'no', 'maybe'
+    released.update(strata_columns=["sex"], stratum_key=["F"], stratum="sex=F", output_categories=["no", "maybe"])
+    dense_m = copy.deepcopy(released)
+    dense_m.update(stratum_key=["M"], stratum="sex=M", output_categories=["no", "yes"])
+    with pytest.raises(EntryError, match=r"channels\[1\]\.output_categories \(variable 'b', stratum 'sex=M'\)"):
+        check_entries([released, dense_m])
+    for family in ("dense-ish", ["dense"]):
+        with pytest.raises(EntryError, match=r"channels\[0\]\.family: is "):
+            check_entries([{**_custom(), "family": family}])
 
 
 def test_the_analyst_s_reader_names_the_file_and_never_builds_the_channel():
