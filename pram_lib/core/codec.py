@@ -183,8 +183,8 @@ def _noise(e: Mapping, path: str) -> None:
     for key, value in (("theta", theta), ("eta", eta)):
         if not value > 0:
             raise EntryError(f"{path}.{key}", name, f"is {value!r}; the noise's shape θ and scale η must be > 0")
-    var = _number(e, "noise_variance", path, name, default=theta * (theta + 1.0) * eta ** 2)
-    law = theta * (theta + 1.0) * eta ** 2
+    law = theta * (theta + 1.0) * eta * eta          # inf, not OverflowError, for an absurd η
+    var = _number(e, "noise_variance", path, name, default=law)
     if not math.isclose(var, law, rel_tol=VARIANCE_TOLERANCE):
         raise EntryError(f"{path}.noise_variance", name, f"is {var!r} but θ(θ + 1)η² = {law!r} for θ = {theta!r}, "
                                                          f"η = {eta!r}")
@@ -216,9 +216,14 @@ def check_entries(entries: Any, path: str = "channels") -> None:
             name = e["variables"][0]
             key = e.get("stratum_key") or []
             columns = e.get("strata_columns") or []
-            if not isinstance(key, list) or not isinstance(columns, list) or len(key) != len(columns):
+            if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+                raise EntryError(f"{where}.strata_columns", f"variable {name!r}", f"is {columns!r}, not a list of "
+                                                                                  "column names")
+            if not isinstance(key, list) or len(key) != len(columns) or not all(k is None or isinstance(k, str)
+                                                                                for k in key):
                 raise EntryError(f"{where}.stratum_key", f"variable {name!r}", f"is {key!r}: it needs one value "
-                                                                               f"per strata column {columns!r}")
+                                                                               f"(text or null) per strata column "
+                                                                               f"{columns!r}")
             if name in strata:
                 first, e0, keys = strata[name]
                 for field_, read in (("categories", _true), ("output_categories", _released),
@@ -259,7 +264,8 @@ def check_document(doc: Any) -> None:
     for i, e in enumerate(doc["channels"]):
         g = e.get("guarantee")
         if isinstance(g, Mapping) and g.get("kind") == "ldp":
-            name = str(e["variable"] if e["family"] == "multi-rr" else e["variables"][0])
+            name = str(e.get("variable", "+".join(e["attributes"])) if e["family"] == "multi-rr"
+                       else e["variables"][0])
             eps = _number(g, "epsilon", f"channels[{i}].guarantee", f"variable {name!r}", allow_inf=True)
             if eps > needed.get(name, (-1.0, ""))[0]:
                 needed[name] = (eps, f"channels[{i}]")

@@ -249,3 +249,40 @@ def test_publishing_refuses_a_channels_json_its_readers_would_refuse(tmp_path, m
         publish.write_release_files(SimpleNamespace(tmp=tmp_path), None, [], None, (None, None, None), {}, 0, [],
                                     "", [])
     assert list(tmp_path.iterdir()) == []
+
+
+WEIRD = [None, "x", "inf", [], {}, -1, 0, True, 1e308, float("nan"), [None], [["x"]]]
+
+
+def test_no_field_of_any_entry_can_make_the_reader_fail_with_anything_but_a_located_error():
+    """Every field of every family's entry (and of its clusters and guarantee) deleted or set to a value of the
+    wrong kind: the analyst's reader either accepts the document or raises ReleaseError naming channels.json;
+    no other exception (a traceback in `analyze`) for any of them."""
+    def docs():
+        base = [_stratum("F"), _stratum("M"), _custom(), _group(), _noise()]
+        for i, e in enumerate(base):
+            places = [(e, f"{i}")] + [(c, f"{i}.clusters[{k}]") for k, c in enumerate(e.get("clusters", []))]
+            places += [(e["guarantee"], f"{i}.guarantee")] if "guarantee" in e else []
+            for place, where in places:
+                for key in list(place):
+                    for value in [...] + WEIRD:        # ... = delete the field
+                        saved = copy.deepcopy(place[key])
+                        if value is ...:
+                            del place[key]
+                        else:
+                            place[key] = value
+                        yield f"{where}.{key}={value!r}", copy.deepcopy({"channels": base,
+                                                                          "epsilon_by_variable": {"a": 2.0}})
+                        place[key] = saved
+    seen, failures = 0, []
+    for label, doc in docs():
+        seen += 1
+        try:
+            read_channels(doc, "rel/channels.json")
+        except ReleaseError as e:
+            if not str(e).startswith("rel/channels.json: "):
+                failures.append(f"{label}: {e}")
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            failures.append(f"{label}: {type(e).__name__}: {str(e)[:80]}")
+    assert seen > 400
+    assert not failures, "\n".join(failures)
