@@ -277,7 +277,7 @@ def check_document(doc: Any) -> None:
                              f"is {claimed!r} but {where}.guarantee.epsilon is {eps!r}: the release's account "
                              "understates the privacy loss")
     total = math.fsum(_number(spent, k, "epsilon_by_variable", f"variable {k!r}", allow_inf=True) for k in spent)
-    claimed = _number(doc, "epsilon_spent", "(document)", "", default=total, allow_inf=True)
+    claimed = _number(doc, "epsilon_spent", "", "", default=total, allow_inf=True)
     if not (claimed == total or math.isclose(claimed, total, rel_tol=EPSILON_TOLERANCE,
                                              abs_tol=EPSILON_TOLERANCE)):
         raise EntryError("epsilon_spent", "", f"is {claimed!r} but epsilon_by_variable sums to {total!r}")
@@ -384,12 +384,14 @@ def _identifiable(ops, path: str, name: str) -> None:
 
 
 def _number(d: Mapping, key: str, path: str, name: str, *, default: Any = None, allow_inf: bool = False) -> float:
+    where = f"{path}.{key}" if path else key
+    if key not in d and default is None:
+        raise EntryError(where, name, "is missing")
     v = d.get(key, default)
     if allow_inf and v == "inf":
         return math.inf
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) or (allow_inf and v > 0)):
-        raise EntryError(f"{path}.{key}", name, f"is {v!r}, not a finite number" + (' (or "inf")' if allow_inf
-                                                                                  else ""))
+        raise EntryError(where, name, f"is {v!r}, not a finite number" + (' (or "inf")' if allow_inf else ""))
     return float(v)
 
 
@@ -400,8 +402,6 @@ def _epsilon_claims(e: Mapping, path: str, name: str, true_eps: float) -> None:
     if isinstance(g, Mapping) and g.get("kind") == "ldp":
         claims.append(("epsilon", g, f"{path}.guarantee.epsilon"))
     for key, doc, where in claims:
-        if key not in doc:
-            continue
         claimed = _number(doc, key, where.rsplit(".", 1)[0], name, allow_inf=True)
         if claimed < 0:
             raise EntryError(where, name, f"is {claimed!r} < 0")

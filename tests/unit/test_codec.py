@@ -119,6 +119,9 @@ def test_an_epsilon_claim_below_the_matrix_s_is_refused_and_rounding_is_not():
     e["epsilon"], e["gamma"] = 2.0, 4.0              # a larger claim is allowed, but γ must be e^ε
     _refused(e, "entry.gamma (variable 'b')", f"e^ε = {math.exp(2.0)!r}")
     e = _custom()
+    del e["epsilon"]
+    _refused(e, "entry.epsilon (variable 'b')", "is missing")
+    e = _custom()
     e["matrix"] = [[1.0, 0.0], [0.2, 0.8]]           # column 'yes' has 0 and 0.8: ε = inf
     _refused(e, "entry.epsilon (variable 'b')", "gives ε = inf")
     e["epsilon"], e["gamma"] = "inf", "inf"
