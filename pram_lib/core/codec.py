@@ -396,20 +396,24 @@ def _number(d: Mapping, key: str, path: str, name: str, *, default: Any = None, 
 
 
 def _epsilon_claims(e: Mapping, path: str, name: str, true_eps: float) -> None:
-    """The entry's ε (and its LDP guarantee's) must cover the channel's own ε; γ = e^ε."""
-    claims = [("epsilon", e, f"{path}.epsilon")]
+    """The entry's ε must cover the channel's own ε, and its LDP guarantee's ε that plus the prior's
+    (`prior_epsilon`, a DP prior composes sequentially); γ = e^ε for each."""
+    prior = _number(e, "prior_epsilon", path, name, default=0.0)
+    if prior < 0:
+        raise EntryError(f"{path}.prior_epsilon", name, f"is {prior!r} < 0")
+    claims = [(e, f"{path}", true_eps, "the published matrix gives")]
     g = e.get("guarantee")
     if isinstance(g, Mapping) and g.get("kind") == "ldp":
-        claims.append(("epsilon", g, f"{path}.guarantee.epsilon"))
-    for key, doc, where in claims:
-        claimed = _number(doc, key, where.rsplit(".", 1)[0], name, allow_inf=True)
+        claims.append((g, f"{path}.guarantee", true_eps + prior, "the matrix and the prior's ε give"))
+    for doc, where, floor, source in claims:
+        claimed = _number(doc, "epsilon", where, name, allow_inf=True)
         if claimed < 0:
-            raise EntryError(where, name, f"is {claimed!r} < 0")
-        if claimed < true_eps * (1.0 - EPSILON_TOLERANCE) - EPSILON_TOLERANCE:
-            raise EntryError(where, name, f"claims ε = {claimed!r} but the published matrix gives ε = {true_eps!r} "
-                                          "(the largest log ratio within a column): the claim understates the "
-                                          "privacy loss")
-        _gamma_claim(doc, where.rsplit(".", 1)[0], name, claimed)
+            raise EntryError(f"{where}.epsilon", name, f"is {claimed!r} < 0")
+        if claimed < floor * (1.0 - EPSILON_TOLERANCE) - EPSILON_TOLERANCE:
+            raise EntryError(f"{where}.epsilon", name, f"claims ε = {claimed!r} but {source} ε = {floor!r}: the "
+                                                       "claim understates the privacy loss (a matrix's ε is its "
+                                                       "largest log ratio within a column)")
+        _gamma_claim(doc, where, name, claimed)
 
 
 def _gamma_claim(doc: Mapping, path: str, name: str, eps: float) -> None:

@@ -118,6 +118,13 @@ def test_an_epsilon_claim_below_the_matrix_s_is_refused_and_rounding_is_not():
     e = _custom()
     e["epsilon"], e["gamma"] = 2.0, 4.0              # a larger claim is allowed, but γ must be e^ε
     _refused(e, "entry.gamma (variable 'b')", f"e^ε = {math.exp(2.0)!r}")
+    e = _stratum("F")                                   # a DP prior of 0.3 composes: the guarantee is ε + 0.3
+    e["prior_epsilon"] = 0.3
+    _refused(e, "entry.guarantee.epsilon (variable 'a', stratum 'sex=F')", f"the matrix and the prior's ε give ε = "
+             f"{math.log(4.0) + 0.3!r}")
+    e["guarantee"]["epsilon"] = math.log(4.0) + 0.3
+    e["guarantee"]["gamma"] = math.exp(math.log(4.0) + 0.3)
+    check_entry(e)
     e = _custom()
     del e["epsilon"]
     _refused(e, "entry.epsilon (variable 'b')", "is missing")
