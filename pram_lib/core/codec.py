@@ -146,8 +146,8 @@ def _cluster(cl: Any, path: str, group: str, c: int, attrs: list, sizes: list, s
         if j in seen:
             raise EntryError(f"{path}.indices", where, f"attribute {attrs[j]!r} is also in cluster {seen[j]}")
         seen[j] = c
-    if "attributes" in cl and list(cl["attributes"]) != [attrs[j] for j in idx]:
-        raise EntryError(f"{path}.attributes", where, f"is {cl['attributes']} but its indices name "
+    if "attributes" in cl and cl["attributes"] != [attrs[j] for j in idx]:
+        raise EntryError(f"{path}.attributes", where, f"is {cl['attributes']!r} but its indices name "
                                                       f"{[attrs[j] for j in idx]}")
     cells = math.prod(sizes[j] for j in idx)
     if cl.get("cells", cells) != cells:

@@ -276,7 +276,7 @@ def test_no_field_of_any_entry_can_make_the_reader_fail_with_anything_but_a_loca
             for place, where in places:
                 for key in list(place):
                     for value in [...] + WEIRD:        # ... = delete the field
-                        saved = copy.deepcopy(place[key])
+                        saved = place[key]            # the object itself: `places` refers into it
                         if value is ...:
                             del place[key]
                         else:
@@ -284,6 +284,10 @@ def test_no_field_of_any_entry_can_make_the_reader_fail_with_anything_but_a_loca
                         yield f"{where}.{key}={value!r}", copy.deepcopy({"channels": base,
                                                                           "epsilon_by_variable": {"a": 2.0}})
                         place[key] = saved
+        for value in WEIRD:                                  # the release's ε account
+            for doc in ({"epsilon_by_variable": value}, {"epsilon_by_variable": {"a": value}},
+                        {"epsilon_by_variable": {"a": 2.0}, "epsilon_spent": value}, {"channels": value}):
+                yield f"{doc}", copy.deepcopy({"channels": base, **doc})
     seen, failures = 0, []
     for label, doc in docs():
         seen += 1
