@@ -62,6 +62,9 @@ def check_entry(entry: Any, path: str = "entry") -> None:
 
 def _keep_uniform(e: Mapping, path: str) -> None:
     name, cats = _categorical_head(e, path)
+    if e.get("output_categories", cats) != cats:
+        raise EntryError(f"{path}.output_categories", name, "differs from categories: a keep-uniform channel "
+                                                            "releases the categories it reads")
     keep = _vector(e, "keep", path, name)
     if keep.size != len(cats):
         raise EntryError(f"{path}.keep", name, f"has {keep.size} entries for {len(cats)} categories")

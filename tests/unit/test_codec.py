@@ -86,6 +86,9 @@ def test_categorical_entries_that_are_not_channels_are_refused():
     e = _keep()
     e["categories"] = ["p", "q", None]
     _refused(e, "entry.categories[2] (variable 'a')", "is None, not a category")
+    e = _keep()
+    e["output_categories"] = ["x", "y", "z"]
+    _refused(e, "entry.output_categories (variable 'a')", "releases the categories it reads")
     e = _keep(1)
     e["keep"] = [0.5]
     _refused(e, "entry.keep[0] (variable 'a')", "must be 1")
