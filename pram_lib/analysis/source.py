@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pram_lib.analysis.axes import AxisChannel, Dense, keep_uniform_axis
+from pram_lib.core.codec import EntryError, check_document
 
 BATCH_ROWS = 1 << 20
 CATEGORICAL_FAMILIES = ("keep-uniform", "dense")
@@ -100,7 +101,12 @@ def _float(x) -> float:
 
 
 def read_channels(doc: dict, where: str) -> dict[str, object]:
-    """Column name → what its channel is, from a channels.json document."""
+    """Column name → what its channel is, from a channels.json document; every entry is first checked as a
+    channel (pram_lib.core.codec, the check every decoder shares), so a damaged one is refused by its path."""
+    try:
+        check_document(doc)
+    except EntryError as e:
+        raise ReleaseError(f"{where}: {e}") from None
     try:
         return _read_channels(doc, where)
     except (KeyError, TypeError, IndexError, ValueError) as e:

@@ -56,6 +56,7 @@ from scipy import optimize, special
 from pram_lib.channels import deconvolve as dc
 from pram_lib.channels.gamma_law import (TwoSidedGamma, _check, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
                                          log_density, moments, sample, smoothness_bounds)
+from pram_lib.core.codec import check_entry
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.jsonable import to_json
 
@@ -1126,8 +1127,10 @@ class NoiseChannel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "NoiseChannel":
+        """Inverse of :meth:`to_dict`; an entry that is not valid noise is refused (pram_lib.core.codec.EntryError)."""
         if d.get("family", "two-sided-gamma") != "two-sided-gamma":
             raise ValueError(f"not a two-sided-gamma channel: family={d.get('family')!r}")
+        check_entry({"family": "two-sided-gamma", **d})
         return cls(variables=tuple(d["variables"]), theta=float(d["theta"]), eta=float(d["eta"]),
                    method=d["method"], objective=float("nan") if d.get("objective") is None else d["objective"],
                    details=d.get("details", {}))

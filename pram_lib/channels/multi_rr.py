@@ -117,6 +117,7 @@ from scipy.special import chdtri, ndtri
 
 from pram_lib.channels.adjust import RakingResult, rake
 from pram_lib.core.channel import Channel
+from pram_lib.core.codec import check_entry
 from pram_lib.core.estimate import estimate_distribution, project_to_simplex
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.jsonable import to_json
@@ -578,7 +579,8 @@ class GroupChannel:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "GroupChannel":
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; an entry that is not a valid group is refused (pram_lib.core.codec.EntryError)."""
+        check_entry(d)
         return cls(attributes=tuple(d["attributes"]), categories=tuple(tuple(c) for c in d["categories"]),
                    clusters=tuple(tuple(c["indices"]) for c in d["clusters"]),
                    cluster_epsilons=tuple(c["epsilon"] for c in d["clusters"]), method=d["method"],

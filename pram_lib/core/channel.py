@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.core import perturb as _perturb
+from pram_lib.core.codec import check_entry
+from pram_lib.core.epsilon import dense_epsilon, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.jsonable import to_json
 
@@ -24,42 +26,6 @@ def _frozen(a: np.ndarray | None) -> np.ndarray | None:
     a = np.array(a, dtype=float)
     a.setflags(write=False)
     return a
-
-
-def keep_uniform_epsilon(keep: np.ndarray) -> float:
-    """Minimal ε of a family-(8) channel in O(S): log of the largest column ratio max_x M[x,z] / min_x M[x,z]."""
-    q = np.asarray(keep, dtype=float)
-    if q.size < 2:
-        return 0.0
-    return _log_ratio(*keep_uniform_column_extremes(q))
-
-
-def keep_uniform_column_extremes(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """max_x M[x, z] and min_x M[x, z] for every column z of a family-(8) channel, in O(S)."""
-    s = q.size
-    r = (1.0 - q) / (s - 1)
-    order = np.argsort(r, kind="stable")
-    lo1, lo2 = r[order[0]], r[order[1]]
-    hi1, hi2 = r[order[-1]], r[order[-2]]
-    idx = np.arange(s)
-    r_min_other = np.where(idx == order[0], lo2, lo1)
-    r_max_other = np.where(idx == order[-1], hi2, hi1)
-    return np.maximum(q, r_max_other), np.minimum(q, r_min_other)
-
-
-def dense_epsilon(matrix: np.ndarray) -> float:
-    """Minimal ε of any row-stochastic matrix: log max_z max_x M[x,z] / min_x M[x,z] (0/0 counts as 1)."""
-    m = np.asarray(matrix, dtype=float)
-    return _log_ratio(m.max(axis=0), m.min(axis=0))
-
-
-def _log_ratio(col_max: np.ndarray, col_min: np.ndarray) -> float:
-    live = col_max > 0  # an output no input can produce imposes nothing (0/0 = 1)
-    if np.any(col_min[live] <= 0):
-        return float("inf")
-    if not np.any(live):
-        return 0.0
-    return float(max(0.0, np.max(np.log(col_max[live]) - np.log(col_min[live]))))
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,7 +171,9 @@ class Channel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Channel":
-        """Inverse of to_dict (an analyst rebuilds the published channel)."""
+        """Inverse of to_dict (an analyst rebuilds the published channel); an entry that is not a valid channel is
+        refused (pram_lib.core.codec.EntryError, naming the field)."""
+        check_entry(d)
         kw = dict(
             variables=tuple(d["variables"]),
             categories=tuple(d["categories"]),

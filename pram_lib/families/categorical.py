@@ -19,8 +19,9 @@ from pydantic import Field, field_validator, model_validator
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import dense_epsilon, encode
+from pram_lib.core.codec import MAX_CONDITION, dense_condition
 from pram_lib.core.counting import codes_of, combination_counts
-from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, is_identifiable
+from pram_lib.core.estimate import is_identifiable
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
@@ -165,12 +166,11 @@ def check_custom_matrix(spec, i: int, v) -> None:
                              "each row is P(released | true) and must sum to 1")
     if not v.public and math.isinf(dense_epsilon(m)):
         raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
-    sv = np.linalg.svd(m, compute_uv=False)   # the estimator's test (core.estimate: 2-norm condition number)
-    if m.shape[1] < k or not sv[-1] > 0 or sv[0] / sv[-1] > DEFAULT_MAX_CONDITION:
-        raise spec.error(("variables", i, "matrix"), "the matrix cannot be inverted (rank below the number of "
-                         "categories, or condition number above 1e12): the true distribution could not be "
-                         "estimated from the release", None, "make its rows linearly independent (e.g. a larger "
-                         "diagonal)")
+    if not dense_condition(m) <= MAX_CONDITION:   # an analyst could not estimate it (pram_lib.core.codec)
+        raise spec.error(("variables", i, "matrix"), f"the matrix cannot be inverted (singular or nearly so: "
+                         f"condition number {dense_condition(m):.3g} > {MAX_CONDITION:g}): the variable's true "
+                         "distribution could not be estimated from the release", m.tolist(),
+                         "make the rows differ (no row a mix of the others), e.g. a larger diagonal")
 
 
 def value_key(x) -> object:

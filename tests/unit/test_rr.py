@@ -622,10 +622,15 @@ def test_channels_publish_as_strict_json():
     chans = [
         rr.uniform_rr(4, 3.0, categories=list("abcd")),
         rr.custom_channel([[.7, .3, 0], [.2, .6, .2], [0, .3, .7]], CATS),
-        rr.invariant_pram([500, 0, 300, 200], min_diagonal=0.7, categories=list("abcd")),
+        rr.invariant_pram([500, 100, 300, 200], min_diagonal=0.7, categories=list("abcd")),
     ]
     for ch in chans:
         text = json.dumps(ch.to_dict(), allow_nan=False)
         back = Channel.from_dict(json.loads(text))
         np.testing.assert_array_equal(back.matrix, ch.matrix)
         assert back.epsilon == ch.epsilon and back.certified == ch.certified
+    # an empty category gives invariant PRAM a zero column (R = PQ, Q[:, b] = 0): rank 3 < 4, refused on read
+    singular = rr.invariant_pram([500, 0, 300, 200], min_diagonal=0.7, categories=list("abcd"))
+    assert np.linalg.matrix_rank(singular.matrix) == 3
+    with pytest.raises(ValueError, match=r"entry\.matrix \(variable 'x'\): the channel is singular"):
+        Channel.from_dict(json.loads(json.dumps(singular.to_dict(), allow_nan=False)))

@@ -97,6 +97,11 @@ CASES = {
                                      "channel: pram-custom\n    categories: [red, blue]\n"
                                      "    matrix: [[1.1, -0.1], [0.5, 0.5]]"), 10, "variables[0].matrix[0]",
                         "negative"),
+    # rows 0 and 1 equal: rank 1 < 2, the published channel would be refused by every reader (pram_lib.core.codec)
+    "custom singular": (GOOD.replace("channel: rr-uniform\n    gamma: 3",
+                                     "channel: pram-custom\n    categories: [red, blue]\n"
+                                     "    matrix: [[0.5, 0.5], [0.5, 0.5]]"), 10, "variables[0].matrix",
+                        "singular or nearly so"),
     "dp prior non-positive": (GOOD.replace("alpha: 1.0", "alpha: 1.0\n    prior: {dp: 0}"), 13,
                               "variables[1].prior.dp", "greater than 0"),
 }
