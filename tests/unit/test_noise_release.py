@@ -152,6 +152,19 @@ def test_mean_standard_error_includes_the_noise_variance(case):
         1.959963984540054 * s.loc["income", "mean_se"], rel=1e-12)
 
 
+def test_distribution_bands_follow_the_release_level(case):
+    """The bands in distributions.csv are at the level asked for: the bootstrap replicates are the same at every
+    level (their stream is keyed by the column), and their deviations are close to normal, so a band at 0.8 is
+    z(0.9)/z(0.975) = 0.654 times as wide as one at 0.95 (median over the grid, within 0.08)."""
+    spec, df, prof, assignments, rel, plan, totals = case
+    wide, _ = stream.continuous_totals(plan, totals, level=0.95)
+    narrow, _ = stream.continuous_totals(plan, totals, level=0.8)
+    for lower, upper in [("density_lower", "density_upper"), ("cdf_lower", "cdf_upper")]:
+        w, nw = (f[f.variable == "income"] for f in (wide, narrow))
+        ratio = (nw[upper] - nw[lower]).to_numpy() / (w[upper] - w[lower]).to_numpy()
+        assert np.nanmedian(ratio) == pytest.approx(1.2815515655446004 / 1.959963984540054, abs=0.08), lower
+
+
 def test_log1p_and_point_mass_are_declared_in_the_channel(folder):
     rng = np.random.default_rng(3)
     n = 3000
