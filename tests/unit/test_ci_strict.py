@@ -50,3 +50,17 @@ def test_ci_refuses_to_start_without_the_test_only_packages(suite):
     strict = _pytest(suite, ci=True)
     assert strict.returncode == 4, strict.stdout + strict.stderr
     assert "cdd (pip package pycddlib-standalone) cannot be imported" in strict.stdout + strict.stderr
+
+
+def test_ci_run_fails_with_pytest_exit_5_when_no_test_ran():
+    """.ci/run calls `make test`, which exits 2 for any failing recipe; pytest's own code comes back through
+    PYTEST_RC_FILE, so 'no tests ran' (exit 5) is named and is the run's exit code."""
+    root = TESTS.parent
+    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=root).returncode != 0:
+        pytest.skip("the venv is older than requirements.txt: `make test` would reinstall it first")
+    env = os.environ | {"PYTEST_ARGS": "-k no_test_has_this_name tests/unit/test_ci_strict.py"}
+    run = subprocess.run(["bash", ".ci/run"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 5, run.stdout + run.stderr
+    assert "CI: pytest collected no tests (exit 5); failing on purpose" in run.stderr
+    env["PYTEST_ARGS"] = "tests/unit/test_ci_strict.py -k refuses_to_start"
+    assert subprocess.run(["bash", ".ci/run"], cwd=root, env=env, capture_output=True, timeout=300).returncode == 0
