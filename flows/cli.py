@@ -91,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             return 2
         used, need = ledger.spent(pop.key), ledger_bound(spec)
         print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
-              f"this release reserves {need:.4g} ({'fits' if used + need <= pop.cap + 1e-9 else 'REFUSED: over the cap'})")
+              f"this release reserves {need:.4g} ({'fits' if ledger.fits(pop.key, pop.cap, need) else 'REFUSED: over the cap'})")
     print("nothing written.")
     return 0
 

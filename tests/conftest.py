@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests live in unit/, contract/ and system/; their shared helpers (synth.py, fault_runner.py) live here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# under CI a missing dependency fails the run instead of skipping tests (tests/ci_strict.py)
+from ci_strict import pytest_make_collect_report, pytest_runtest_makereport, pytest_sessionstart  # noqa: E402,F401
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_module_release_home(tmp_path_factory):

@@ -405,11 +405,13 @@ def _box_bounds(lo, hi, p, g, U, corners, stair):
 
 
 def certify_bnb(p, epsilon: float, f_best: float, *, tol: float = 1e-3, time_budget: float = 20.0,
-                max_live: int = 400_000, chunk: int = 50_000) -> dict:
+                max_live: int = 400_000, chunk: int = 50_000, max_boxes: int | None = None) -> dict:
     """Branch and bound over all square ε-LDP channels: is f >= f_best·(1 − tol) everywhere?
 
     Returns ``certified``, ``lower_bound`` (a bound on min f: f_best·(1 − tol) when certified, else the smallest
     box bound left), ``boxes`` (evaluated) and ``seconds``.  Meant for S <= 4 (S = 3: about a second).
+    ``max_boxes``: a budget of work (boxes evaluated) besides ``time_budget``; it gives the same answer under
+    any load.
     """
     p, _ = _validate_p(p)
     eps = _validate_epsilon(epsilon)
@@ -430,7 +432,8 @@ def certify_bnb(p, epsilon: float, f_best: float, *, tol: float = 1e-3, time_bud
         lo, hi, lb = lo[keep], hi[keep], lb[keep]
         if not lo.shape[0]:
             break
-        if time.perf_counter() - t0 > time_budget or 2 * lo.shape[0] > max_live:
+        if (time.perf_counter() - t0 > time_budget or 2 * lo.shape[0] > max_live
+                or (max_boxes is not None and boxes >= max_boxes)):
             return {"certified": False, "lower_bound": float(lb.min()), "boxes": boxes,
                     "live_boxes": int(lo.shape[0]), "seconds": time.perf_counter() - t0}
         n = lo.shape[0]
@@ -470,7 +473,7 @@ def _float_safe(M: np.ndarray, eps: float) -> np.ndarray:
 def accurate_pram(p, epsilon: float, *, variable: str = "x", categories: Sequence[Any] | None = None,
                   seed: int = 0, n_random_starts: int = 16, n_local: int = 16, certify_max_S: int = 3,
                   tol: float = 1e-3, time_budget: float = 30.0, certify_budget: float = 20.0,
-                  max_condition: float = DEFAULT_MAX_CONDITION) -> Channel:
+                  certify_max_boxes: int | None = None, max_condition: float = DEFAULT_MAX_CONDITION) -> Channel:
     """The square ε-LDP channel minimising f = n·E|p̂ − p|² of the unbiased estimate under the prior ``p``.
 
     Parameters
@@ -483,6 +486,7 @@ def accurate_pram(p, epsilon: float, *, variable: str = "x", categories: Sequenc
         4 is possible but may exhaust ``certify_budget`` (then ``certified=False`` with the bound reached).
     tol : relative certification tolerance: certified means no square ε-LDP channel has f < f·(1 − tol).
     time_budget : seconds for the local search (the starts k-RR and family (8) are always evaluated).
+    certify_budget, certify_max_boxes : seconds and boxes (work) for the branch and bound; whichever ends first.
     max_condition : largest 2-norm condition number accepted (identifiability of the release).
 
     ``details``: ``objective`` (f), ``f_krr``, ``f_family8`` (the MI-optimal family-(8) channel),
@@ -572,7 +576,7 @@ def accurate_pram(p, epsilon: float, *, variable: str = "x", categories: Sequenc
     elif lower >= f_out * (1.0 - tol):
         certified, method = True, "local search, certified by the lower bound for all epsilon-LDP channels"
     elif S <= certify_max_S:
-        cert = certify_bnb(p, eps, f_out, tol=tol, time_budget=certify_budget)
+        cert = certify_bnb(p, eps, f_out, tol=tol, time_budget=certify_budget, max_boxes=certify_max_boxes)
         details["bnb"] = {k: (float(v) if isinstance(v, float) else v) for k, v in cert.items()}
         certified = bool(cert["certified"])
         lower = max(lower, cert["lower_bound"])

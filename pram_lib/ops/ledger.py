@@ -10,6 +10,7 @@ Only differential-privacy ε is recorded: noise channels and public variables sp
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import stat
@@ -23,6 +24,7 @@ from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, r
 
 LEDGER_FILE = "ledger.sqlite"
 COUNTED = ("reserved", "spent")   # statuses that count against the cap
+ROUNDING = 1e-12   # the only excess over the cap admitted: floating-point rounding of the ε's (as pram_lib.spec)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS populations (
@@ -141,7 +143,11 @@ class Ledger:
             return _history(con, population)
 
     def spent(self, population: str) -> float:
-        return sum(s.epsilon for s in self.history(population) if s.status in COUNTED)
+        return math.fsum(s.epsilon for s in self.history(population) if s.status in COUNTED)
+
+    def fits(self, population: str, cap: float, epsilon: float) -> bool:
+        """Whether `reserve` would accept `epsilon` now (its rule: `passes_cap`)."""
+        return not passes_cap([s.epsilon for s in self.history(population) if s.status in COUNTED], epsilon, cap)
 
     def cap(self, population: str) -> float | None:
         if not self.path.exists():
@@ -159,9 +165,9 @@ class Ledger:
             elif abs(float(row[0]) - cap) > 1e-12:
                 raise CapMismatch(population, float(row[0]), cap)
             hist = _history(con, population)
-            total = sum(s.epsilon for s in hist if s.status in COUNTED)
-            if total + epsilon > cap + 1e-9:
-                raise OverCap(population, cap, total, epsilon, hist)
+            counted = [s.epsilon for s in hist if s.status in COUNTED]
+            if passes_cap(counted, epsilon, cap):
+                raise OverCap(population, cap, math.fsum(counted), epsilon, hist)
             con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL)",
                         (run_id, population, release, float(epsilon), utc_now()))
             return _history(con, population)
@@ -173,7 +179,7 @@ class Ledger:
             if row is None:
                 return
             epsilon = row[0] if epsilon is None else epsilon
-            if epsilon > row[0] + 1e-9:
+            if epsilon > row[0] + ROUNDING:
                 raise RuntimeError(f"run {run_id} spent ε = {epsilon:.6g}, more than the {row[0]:.6g} it reserved")
             con.execute("UPDATE spends SET epsilon = ?, status = 'spent', settled_at = ?, folder = ? "
                         "WHERE run_id = ?", (float(epsilon), utc_now(), folder, run_id))
@@ -185,6 +191,12 @@ class Ledger:
         with self._tx() as con:
             con.execute("UPDATE spends SET status = 'cancelled', settled_at = ? WHERE run_id = ? AND "
                         "status = 'reserved'", (utc_now(), run_id))
+
+
+def passes_cap(counted: list[float], epsilon: float, cap: float) -> bool:
+    """Whether spends `counted` and `epsilon` together pass `cap`: their correctly rounded sum (math.fsum) is over
+    it by more than ROUNDING."""
+    return math.fsum([*counted, epsilon]) > cap + ROUNDING
 
 
 def _history(con: sqlite3.Connection, population: str) -> list[Spend]:

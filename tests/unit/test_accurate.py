@@ -63,10 +63,15 @@ CASES = [("uniform3", 0.5), ("skew3", 1.0), ("rare3", 2.0), ("zipf5", 0.5), ("zi
          ("skew8", 1.0), ("dir8", 0.7), ("dir8", 2.0)]
 
 
+# budgets of work, not of seconds, so that a loaded machine gets the same channels and certificates: the local
+# search is bounded by its starts and iterations, the branch and bound by boxes (S = 3 needs at most 53,000 here)
+WORK = dict(time_budget=math.inf, certify_budget=math.inf, certify_max_boxes=1_000_000)
+
+
 @pytest.fixture(scope="module")
 def solved():
     """One accurate channel per case (solved once for the module)."""
-    return {(name, eps): acc.accurate_pram(PRIORS[name], eps, certify_budget=10.0) for name, eps in CASES}
+    return {(name, eps): acc.accurate_pram(PRIORS[name], eps, **WORK) for name, eps in CASES}
 
 
 # --------------------------------------------------------------------------- objective and gradient
@@ -231,9 +236,23 @@ def test_s3_equals_grid_optimum_and_is_certified(solved, name, eps):
 def test_certificate_refutes_a_wrong_claim():
     """The branch and bound must not certify a value the k-RR channel beats: claiming min f >= 1.02 f(k-RR) fails."""
     p, eps = PRIORS["skew3"], 1.0
-    res = acc.certify_bnb(p, eps, 1.02 * acc.krr_trace(3, eps, p), tol=1e-3, time_budget=2.0)
-    assert not res["certified"]
+    res = acc.certify_bnb(p, eps, 1.02 * acc.krr_trace(3, eps, p), tol=1e-3, time_budget=math.inf,
+                          max_boxes=30_000)
+    assert not res["certified"] and res["boxes"] >= 30_000 and res["live_boxes"] > 0
     assert res["lower_bound"] <= acc.krr_trace(3, eps, p)
+
+
+def test_certificate_does_not_depend_on_the_clock(monkeypatch):
+    """With budgets of work, a loaded machine (here: a clock that jumps a minute at every reading) gets the same
+    certified channel as a calm one; budgets of seconds would stop the branch and bound at once."""
+    p, eps = PRIORS["skew3"], 1.0
+    calm = acc.accurate_pram(p, eps, **WORK)
+    ticks = itertools.count()
+    monkeypatch.setattr(acc.time, "perf_counter", lambda: 60.0 * next(ticks))
+    busy = acc.accurate_pram(p, eps, **WORK)
+    assert calm.certified and busy.certified
+    np.testing.assert_array_equal(busy.matrix, calm.matrix)
+    assert busy.details["bnb"]["boxes"] == calm.details["bnb"]["boxes"]
 
 
 def test_large_s_is_labelled_not_certified_with_a_gap(solved):
@@ -307,7 +326,7 @@ def test_bad_input_is_refused_clearly():
 
 
 def test_counts_are_normalised_and_channel_round_trips(solved):
-    ch = acc.accurate_pram([30, 10, 5], 1.0, variable="v", categories=["a", "b", "c"])
+    ch = acc.accurate_pram([30, 10, 5], 1.0, variable="v", categories=["a", "b", "c"], **WORK)
     assert ch.details["normalised_counts"] is True
     doc = json.loads(json.dumps(ch.to_dict()))
     back = Channel.from_dict(doc)

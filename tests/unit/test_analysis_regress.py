@@ -321,6 +321,31 @@ def test_reference_category_recodes_the_dummies(tmp_path):
         open_release(tmp_path, verify=False).regress("y ~ grp", reference={"sex": "F"})
 
 
+def test_naive_fits_are_coded_against_the_reference_category_too(tmp_path):
+    """Identity channels (nothing perturbed): the naive fits are the textbook ones with dummies against the
+    `reference=` category: OLS with the HC0 sandwich (gaussian), logistic ML with the inverse Fisher
+    information (binomial). Coded against the first category instead, every coefficient differs."""
+    rng = np.random.default_rng(34)
+    n = 1500
+    grp = rng.choice(3, n, p=[0.3, 0.3, 0.4])
+    y = 1.0 + 2.0 * (grp == 1) - 1.0 * (grp == 2) + rng.normal(0, 1, n)
+    yes = (rng.random(n) < expit(-0.3 + 1.0 * (grp == 1) - 0.6 * (grp == 2))).astype(int)
+    write_channels(tmp_path, [])
+    pq.write_table(pa.table({"grp": labels_of(grp, ["g0", "g1", "g2"]), "y": pa.array(y),
+                             "b": labels_of(yes, YES_NO)}), tmp_path / "data.parquet")
+    release = open_release(tmp_path, verify=False)
+    X = np.column_stack([np.ones(n), grp == 0, grp == 1]).astype(float)     # against g2
+    beta, se, _ = ols_hc0(X, y)
+    lin = release.regress("y ~ grp", reference={"grp": "g2"})
+    np.testing.assert_allclose(lin.naive_estimate, beta, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(lin.naive_se, se, rtol=1e-9)
+    beta_b, cov_b = logistic_ml(X, yes.astype(float), np.ones(n))
+    logit = release.regress("b ~ grp", family="binomial", success="yes", reference={"grp": "g2"})
+    assert logit.names == ("(Intercept)", "grp[g0]", "grp[g1]")
+    np.testing.assert_allclose(logit.naive_estimate, beta_b, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(logit.naive_se, np.sqrt(np.diag(cov_b)), rtol=1e-8)
+
+
 @pytest.fixture(scope="module")
 def linear_world() -> LinearWorld:
     return LinearWorld()

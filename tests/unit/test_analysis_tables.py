@@ -209,6 +209,17 @@ def test_mle_is_the_inversion_when_that_lies_inside_the_simplex(sim):
     np.testing.assert_allclose(t.projected, t.estimate, atol=1e-12)
 
 
+def test_by_table_mle_is_the_conditional_of_the_joint_mle(sim):
+    """By invariance the MLE of P(x | b) is P̂(x, b)/P̂(b) of the joint MLE; the joint unbiased estimate lies inside
+    the simplex here, so it is the joint MLE, and the by-table's mle is the ratio estimate: a distribution over
+    occ within each by-cell (sums to 1), not the joint shares."""
+    release, _ = sim
+    t = release.table("occ", by="a", mle=True)
+    assert (t.joint > 0.01).all()
+    np.testing.assert_allclose(t.mle.sum(axis=0), 1.0, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(t.mle, t.estimate, atol=1e-6)
+
+
 def test_table_equals_brute_force_on_a_real_release(real):
     """occ (one channel per sex) × income (custom matrix) × a (sub-tuple of the cluster a+b) on a release the
     pipeline published: the dense channel is built from channels.json alone and solved per stratum."""

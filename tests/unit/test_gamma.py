@@ -307,6 +307,25 @@ def test_bootstrap_band_width_matches_monte_carlo_spread():
     assert np.all(band.density_lower <= band.density) and np.all(band.density <= band.density_upper)
 
 
+@pytest.mark.slow
+def test_pointwise_bands_cover_at_the_stated_level():
+    """The pointwise bands for ĝ and Ĝ cover what the estimator estimates at its fixed bandwidth (E ĝ(x), E Ĝ(x):
+    the bands leave out the smoothing bias) at `level`. 120 releases of n = 1,000 (X ~ N(0, 1), noise ϑ = 0.9,
+    η = 0.5), nine points two bandwidths or more apart, the expectation taken as the mean over the releases:
+    at level 0.8 the coverage is 0.8 with a Monte Carlo sd of about 0.013 (0.02 with the points' correlation),
+    so within 0.05; a band at 0.9, 0.95 or 0.6 is outside."""
+    theta, eta, n, reps, level = 0.9, 0.5, 1000, 120, 0.8
+    x = np.linspace(-2.0, 2.0, 9)
+    rng = np.random.default_rng(3)
+    bands = [dc.bootstrap_band(rng.normal(size=n) + gm.sample(n, theta, eta, rng), theta, eta, x, B=100,
+                               level=level, rng=rng, bandwidth=0.3, nodes=128) for _ in range(reps)]
+    assert all(b.level == level for b in bands)
+    for est, lower, upper in [("density", "density_lower", "density_upper"), ("cdf", "cdf_lower", "cdf_upper")]:
+        target = np.mean([getattr(b, est) for b in bands], axis=0)
+        covered = np.mean([(getattr(b, lower) <= target) & (target <= getattr(b, upper)) for b in bands])
+        assert abs(covered - level) < 0.05, (est, covered)
+
+
 # ---------------------------------------------------------------------------------------------
 # T11, T12: empirical measure by hand
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,30 @@ def test_reserve_settle_cancel_arithmetic(tmp_path):
     assert (led.path.stat().st_mode & 0o777) == 0o600
 
 
+@pytest.mark.parametrize("over", [1e-10, 1e-7, 1e-3, 0.01, 0.5])
+def test_the_cap_admits_no_excess(tmp_path, over):
+    """Spends that reach the cap exactly are accepted (0.1 + 0.2 + 0.3 + 0.4 = 1 up to floating-point rounding,
+    and log 3 + 1 three times against 3 (log 3 + 1)); a release that would pass the cap by any positive amount
+    beyond rounding (1e-12) is refused, and refusing writes nothing; a run cannot settle more than it reserved."""
+    exact = Ledger(tmp_path / "exact.sqlite")
+    for i, eps in enumerate([0.1, 0.2, 0.3, 0.4]):
+        exact.reserve("p", 1.0, f"r{i}", "a", eps)
+    assert len(exact.history("p")) == 4
+    for i in range(3):
+        exact.reserve("q", 3 * EPS, f"q{i}", "a", EPS)
+    led = Ledger(tmp_path / "ledger.sqlite")
+    for i, eps in enumerate([0.1, 0.2, 0.3]):
+        led.reserve("p", 1.0, f"r{i}", "a", eps)
+    with pytest.raises(OverCap):
+        led.reserve("p", 1.0, "r3", "a", 0.4 + over)
+    with pytest.raises(OverCap):
+        led.reserve("fresh", 1.0, "f0", "a", 1.0 + over)
+    assert [s.epsilon for s in led.history("p")] == [0.1, 0.2, 0.3] and led.history("fresh") == []
+    assert led.fits("p", 1.0, 0.4) and not led.fits("p", 1.0, 0.4 + over)      # what `check` prints
+    with pytest.raises(RuntimeError, match="more than"):
+        led.settle("r2", 0.3 + over, "a-2")                                   # spending past the reservation
+
+
 def _reserve(args):
     path, i = args
     try:

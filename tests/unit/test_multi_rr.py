@@ -543,6 +543,26 @@ def test_adjusted_bootstrap_intervals():
     assert f.estimate.sum() == pytest.approx(1.0)
 
 
+def test_adjusted_bootstrap_re_estimates_the_weights():
+    """A one-attribute margin of the adjusted estimate is that attribute's RR estimate (its raking target); for a
+    binary attribute with keep p that is (λ̂ − (1 − p))/(2p − 1), whose sd is sqrt(λ(1 − λ)/n)/(2p − 1). A record
+    bootstrap that re-estimates targets and weights reproduces it: 150 replicates estimate an sd to about 6%, so
+    within 25%. Frozen weights would see only the resampling of a weighted share: here about 0.3 of it."""
+    rng = np.random.default_rng(14)
+    n = 2000
+    codes, cats = _planted(n, rng)
+    ch = mr.group_channel([cats[0], cats[4]], [(0,), (1,)], 1.2)
+    p = ch.keep[1]
+    assert p == pytest.approx(math.exp(0.6) / (math.exp(0.6) + 1))        # binary RR at ε = 0.6
+    y = mr.perturb_group(ch, codes[:, [0, 4]], rng)
+    lam = np.mean(y[:, 1] == 1)
+    sd = math.sqrt(lam * (1 - lam) / n) / (2 * p - 1)
+    f = mr.estimate_marginal(ch, y, [1], method="adjusted", n_boot=150, rng=np.random.default_rng(1))
+    np.testing.assert_allclose(f.estimate, [1 - (lam - (1 - p)) / (2 * p - 1), (lam - (1 - p)) / (2 * p - 1)],
+                               atol=1e-8)
+    assert np.all(f.se / sd > 0.75) and np.all(f.se / sd < 1.25), f.se / sd
+
+
 def test_to_dict_round_trip():
     rng = np.random.default_rng(15)
     codes, cats = _planted(3000, rng)

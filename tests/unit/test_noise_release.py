@@ -132,6 +132,39 @@ def test_moments_and_cdf_are_recovered_from_the_release(case):
     assert np.max(np.abs(c["cdf"].to_numpy() - stats.norm.cdf(c["x"].to_numpy(), 50, 10))) < 0.05
 
 
+def test_mean_standard_error_includes_the_noise_variance(case):
+    """numeric_summary's mean is Z̄ = X̄ + Ȳ, so Var Z̄ = (Var X + Var Y)/n with Var Y = ϑ(ϑ+1)η² (the two-sided
+    Gamma law). Given the source, the released m2 estimates s_x² + Var Y with a relative sd of about 2.3% for
+    income (ϑ = 0.6: kurtosis 9.75, n = 4,000), so mean_se is within 5% of sqrt((s_x² + ϑ(ϑ+1)η²)/n); leaving
+    the noise out would make it sqrt(s_x²/(s_x² + Var Y)) ≈ 0.80 of that. The interval is mean ∓ z·se."""
+    spec, df, prof, assignments, rel, plan, totals = case
+    _, summary = stream.continuous_totals(plan, totals)
+    s = summary.set_index("variable")
+    ch = next(a.channel for a in assignments if a.column == "income")
+    x = df["income"].to_numpy()
+    noise_var = ch.theta * (ch.theta + 1) * ch.eta ** 2
+    want = math.sqrt((x.var(ddof=1) + noise_var) / x.size)
+    assert math.sqrt(x.var(ddof=1) / (x.var(ddof=1) + noise_var)) < 0.9     # the noise matters here
+    assert s.loc["income", "mean_se"] == pytest.approx(want, rel=0.05)
+    assert s.loc["income", "mean_upper"] - s.loc["income", "mean"] == pytest.approx(
+        1.959963984540054 * s.loc["income", "mean_se"], rel=1e-12)
+    assert s.loc["income", "mean"] - s.loc["income", "mean_lower"] == pytest.approx(
+        1.959963984540054 * s.loc["income", "mean_se"], rel=1e-12)
+
+
+def test_distribution_bands_follow_the_release_level(case):
+    """The bands in distributions.csv are at the level asked for: the bootstrap replicates are the same at every
+    level (their stream is keyed by the column), and their deviations are close to normal, so a band at 0.8 is
+    z(0.9)/z(0.975) = 0.654 times as wide as one at 0.95 (median over the grid, within 0.08)."""
+    spec, df, prof, assignments, rel, plan, totals = case
+    wide, _ = stream.continuous_totals(plan, totals, level=0.95)
+    narrow, _ = stream.continuous_totals(plan, totals, level=0.8)
+    for lower, upper in [("density_lower", "density_upper"), ("cdf_lower", "cdf_upper")]:
+        w, nw = (f[f.variable == "income"] for f in (wide, narrow))
+        ratio = (nw[upper] - nw[lower]).to_numpy() / (w[upper] - w[lower]).to_numpy()
+        assert np.nanmedian(ratio) == pytest.approx(1.2815515655446004 / 1.959963984540054, abs=0.08), lower
+
+
 def test_log1p_and_point_mass_are_declared_in_the_channel(folder):
     rng = np.random.default_rng(3)
     n = 3000

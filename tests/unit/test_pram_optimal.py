@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -554,13 +553,13 @@ def test_big_S_certified_and_matches_threshold_candidates():
 
 
 def test_S10000_certified_quickly():
+    """Work, not wall time (the benchmark tracks the <= 1 s target): certified after a few dozen O(S) exact
+    evaluations of f, not one per category."""
     rng = np.random.default_rng(10000)
     p = rng.dirichlet(np.ones(10_000))
-    t0 = time.perf_counter()
     ch = P.optimal_pram(p, 2.0)
-    dt = time.perf_counter() - t0
     assert ch.certified
-    assert dt < 5.0  # the benchmark tracks the <= 1 s target; this is a generous CI guard
+    assert ch.details["exact_evaluations"] <= 100
     assert ch.objective >= ch.details["f_krr"] - 1e-18
 
 
