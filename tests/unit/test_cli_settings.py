@@ -47,3 +47,16 @@ def test_telemetry_stays_off_whatever_the_environment_says(tmp_path):
     got = _settings_from(tmp_path, {"PREFECT_SERVER_ANALYTICS_ENABLED": "true", "PREFECT_LOGGING_LEVEL": "DEBUG"})
     assert got["analytics"] is False and got["sdk_telemetry"] is False
     assert got["level"] == "DEBUG"                           # an operator's own choice of defaults is kept
+
+
+def test_scheduled_runs_get_the_forced_settings_through_the_work_pool():
+    """A deployment's flow runs are started by a worker, not by the CLI: prefect.yaml hands each run process the
+    CLI's forced settings (the process work pool's `env` job variable)."""
+    import yaml
+
+    from flows.cli import PREFECT_ENV_FORCED
+
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    assert deployments
+    for d in deployments:
+        assert d["work_pool"]["job_variables"]["env"] == PREFECT_ENV_FORCED, d["name"]
