@@ -40,7 +40,7 @@ from pram_lib.core.model import MISSING, NO_STRATUM, GroupProfile, VariableProfi
 from pram_lib.families import family_of
 from pram_lib.families.base import Target
 from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
-                                           count_values, declared_categories)
+                                           count_values, read_prior_file)
 from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, measured_clusters
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
@@ -183,18 +183,7 @@ class AccuracyPlan:
 # -- n and the domains --------------------------------------------------------------------------------------
 def _reference(spec: ReleaseSpec, i: int, v) -> pd.DataFrame:
     """A variable's prior file (public), with the errors the release gives."""
-    path = spec.resolve(v.prior.file)
-    if not path.is_file():
-        raise spec.error(("variables", i, "prior", "file"), "prior file not found", str(path), "fix the path")
-    try:
-        ref = pd.read_csv(path, dtype={"category": "str"})
-    except (ValueError, OSError) as exc:   # not CSV, not UTF-8, empty
-        raise spec.error(("variables", i, "prior", "file"), "cannot read the prior file", f"{path}: {exc}",
-                         "give a UTF-8 CSV with columns category,probability (or category,count)") from None
-    if "category" not in ref.columns or not {"probability", "count"} & set(ref.columns):
-        raise spec.error(("variables", i, "prior", "file"), "prior file needs columns `category` and "
-                         "`probability` (or `count`)", list(ref.columns), "rename its columns")
-    return ref
+    return read_prior_file(spec, i, v)
 
 
 def _rows_of(spec: ReleaseSpec, i: int, v, given: tuple[int, str] | None) -> tuple[int, str] | None:
@@ -236,13 +225,9 @@ def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[
     return out
 
 
-def _declared_domain(spec: ReleaseSpec, i: int, v) -> tuple[tuple, str] | None:
-    if v.categories is not None:
-        return declared_categories(v), "declared in the spec (`categories:`)"
-    if isinstance(v.prior, PriorFile):
-        cats = tuple(sorted({str(c) for c in _reference(spec, i, v)["category"]}))
-        return cats, f"the categories of the public prior file {v.prior.file}"
-    return None
+def _declared_domain(spec: ReleaseSpec, i: int, v) -> tuple[object, str] | None:
+    """(domain, where it comes from) from public information; None for a public variable (read from the source)."""
+    return family_of(v).public_domain(spec, i, v)
 
 
 def source_domains(spec: ReleaseSpec, keys: set[str]) -> dict[str, object]:
@@ -526,7 +511,7 @@ def smallest_epsilon(halfwidths: Callable[[float], np.ndarray | None], limits: n
 def _target_domains(spec: ReleaseSpec, pending: list, read_source: bool) -> dict[str, tuple[object, str]]:
     domains, need = {}, set()
     for i, v in pending:
-        d = _declared_domain(spec, i, v) if family_of(v).kind == "categorical" else None
+        d = _declared_domain(spec, i, v)
         if d is None:
             need.add(v.key)
         else:
@@ -713,14 +698,12 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
     need_source = set()
     for i, v in enumerate(spec.variables):
         kind = family_of(v).kind
-        if kind == "categorical":
+        if kind in ("categorical", "group"):
             d = _declared_domain(spec, i, v)
             if d is None:
                 need_source.add(v.key)
             else:
                 domains[v.key] = d
-        elif kind == "group":
-            need_source.add(v.key)
     read = []
     if need_source and read_source:
         found = source_domains(spec, need_source)
