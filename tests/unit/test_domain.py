@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from pram_lib.spec import SpecError, load_spec
-from tests.local_release import publish_locally
+from local_release import publish_locally
 
 RARE = "rare-zq81"   # the value one record holds
 
