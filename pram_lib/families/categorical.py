@@ -247,14 +247,15 @@ def public_domain(spec, i: int, v) -> tuple[tuple, str] | None:
         return cats, domain_label(v)
     if v.public:
         return None
-    raise spec.error(("variables", i, "categories"), f"the categories of {v.column!r} are not declared: the release "
+    raise spec.error(("variables", i), f"the categories of {v.column!r} are not declared: the release "
                      "would take them from the values found in the source, a statistic of the confidential data that "
                      "no ε covers (a value held by one record would appear in channels.json and estimates.csv)",
                      v.column, DOMAIN_FIX)
 
 
 def check_declared_domain(spec, i: int, v) -> None:
-    """A public domain exists (refused otherwise), names each category once and has at least two."""
+    """A public domain exists (refused otherwise), names each category once and has at least two; a prior file
+    (public) is read and weighs every category."""
     domain = public_domain(spec, i, v)
     if domain is None:
         return
@@ -266,6 +267,12 @@ def check_declared_domain(spec, i: int, v) -> None:
     if len(cats) < 2:
         raise spec.error(loc, f"needs at least 2 categories, {how} gives {len(cats)}", list(cats),
                          "declare every category of the variable")
+    if isinstance(v.prior, PriorFile) and v.channel in DATA_PRIOR_CHANNELS:
+        listed = set(read_prior_file(spec, i, v)["category"])
+        lacking = [c for c in cats if c not in listed]
+        if lacking:
+            raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories", lacking[:10],
+                             "give every category a weight")
 
 
 def declared_categories(v) -> tuple:

@@ -61,14 +61,14 @@ def test_a_categorical_variable_without_a_public_domain_is_refused_at_load(tmp_p
     with pytest.raises(SpecError) as e:
         load_spec(p)
     err = e.value
-    assert err.field == "variables[1].categories"
+    assert err.field == "variables[1]"
     assert err.line == 12 and err.file == str(p)     # the entry's line in the spec
     assert "job" in err.problem and "confidential" in err.problem
     assert "categories: [a, b, c]" in err.fix and "prior: {file:" in err.fix
 
 
 @pytest.mark.parametrize("categories, field, named", [
-    (None, "variables[0].categories", "'job', 'city'"),
+    (None, "variables[0]", "'job', 'city'"),
     ("{job: [a, b, c]}", "variables[0].categories", "'city'"),
     ("{job: [a, b, c], city: [x, y], town: [p, q]}", "variables[0].categories.town", "'town'"),
     ("{job: [a, b, c], city: [x]}", "variables[0].categories.city", "at least 2"),
