@@ -151,7 +151,8 @@ def group_domain(spec, i: int, v) -> list[list[str]]:
                              f"declare the categories of the group's columns only: {', '.join(v.columns)}")
     lacking = [c for c in v.columns if c not in declared]
     if lacking:
-        raise spec.error(("variables", i, "categories") if v.categories else ("variables", i), f"the categories of {', '.join(map(repr, lacking))} in group "
+        loc = ("variables", i, "categories") if v.categories else ("variables", i)
+        raise spec.error(loc, f"the categories of {', '.join(map(repr, lacking))} in group "
                          f"{v.key!r} are not declared: the release would take them from the values found in the "
                          "source, a statistic of the confidential data that no ε covers (a value held by one record "
                          "would appear in channels.json, estimates.csv and tables.csv)", lacking, GROUP_DOMAIN_FIX)

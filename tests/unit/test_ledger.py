@@ -67,7 +67,8 @@ def test_bound_is_known_before_data(tmp_path):
     spec = load_spec(_spec(tmp_path))
     assert ledger_bound(spec) == pytest.approx(EPS, abs=1e-12)
     d = synth.spec_dict(tmp_path, population={"key": "people-2026", "cap": 50},
-                        variables=EXACT + [synth.declared({"column": "region", "channel": "pram-invariant", "min_diagonal": 0.7})],
+                        variables=EXACT + [synth.declared({"column": "region", "channel": "pram-invariant",
+                                                            "min_diagonal": 0.7})],
                         passthrough=[], budget=4.5)
     p = tmp_path / "inv.yaml"
     p.write_text(yaml.safe_dump(d))

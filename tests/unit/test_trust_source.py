@@ -106,7 +106,8 @@ def test_missing_category_perturbs_missing_values(tmp_path, mode):
     missing, and '<missing>' is released with k-RR's expected frequency over k = 4 categories."""
     region_source(tmp_path)
     spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "region", "channel": "rr-uniform", "alpha": 1.0,
-                                                     "missing": "category", "categories": ["AS", "EU", "NA"]}], engine_of(mode)))
+                                                     "missing": "category", "categories": ["AS", "EU", "NA"]}],
+                                engine_of(mode)))
     prof, a, counts, missing = run(spec)
     cats = prof.variables["region"].categories
     assert release.MISSING in cats and len(cats) == 4
