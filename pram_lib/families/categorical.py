@@ -222,6 +222,12 @@ def read_prior_file(spec, i: int, v) -> pd.DataFrame:
     twice = sorted(set(ref["category"][ref["category"].duplicated()]))
     if twice:
         raise spec.error(loc, "the prior file names a category twice", twice[:10], "give each category one row")
+    col = "probability" if "probability" in ref.columns else "count"
+    weights = pd.to_numeric(ref[col], errors="coerce").astype(float)
+    if not (np.isfinite(weights).all() and (weights >= 0).all() and weights.sum() > 0):
+        raise spec.error(loc, f"the prior file's `{col}` column must hold numbers >= 0 (not all 0)", str(path),
+                         "give every category a weight")
+    ref[col] = weights
     return ref
 
 

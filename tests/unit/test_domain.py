@@ -186,3 +186,19 @@ def test_a_single_record_value_never_reaches_the_release(tmp_path):
     assert sorted(est.loc[est.variable == "tenure", "category"]) == ["1", "2", "3", "4"]
     report = (rel.folder / "report.md").read_text()
     assert "## Categories" in report and "| `city` | the categories of the public prior file ref.csv |" in report
+
+
+def test_a_prior_file_category_NA_is_a_category_and_its_weights_are_numbers(tmp_path):
+    """'NA' (North America) in a prior file is a category of the domain; a weight that is not a number >= 0 is
+    refused at load, located at the file."""
+    source(tmp_path)
+    p = spec(tmp_path, "- column: job\n  channel: pram-optimal\n  alpha: 1\n  prior: {file: ref.csv}\n")
+    (tmp_path / "ref.csv").write_text("category,probability\nNA,0.5\nEU,0.5\n")
+    from pram_lib.families.categorical import public_domain
+    s = load_spec(p)
+    assert public_domain(s, 0, s.variables[0])[0] == ("EU", "NA")
+    for bad in ("NA,\nEU,0.5\n", "NA,-0.1\nEU,1.1\n", "NA,x\nEU,1\n"):
+        (tmp_path / "ref.csv").write_text("category,probability\n" + bad)
+        with pytest.raises(SpecError) as e:
+            load_spec(p)
+        assert e.value.field == "variables[0].prior.file" and "numbers >= 0" in e.value.problem
