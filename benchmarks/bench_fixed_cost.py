@@ -68,6 +68,7 @@ variables:
   - column: category
     channel: pram-invariant
     min_diagonal: {min_diagonal}
+    categories: {categories}
 """
 
 
@@ -94,7 +95,7 @@ def one_variable_spec(folder: Path, source: Path, rows: int, budget: float) -> P
     spec = folder / "spec.yaml"
     spec.write_text(ONE_VARIABLE_SPEC.format(rows=rows, source=source.resolve(), output=(folder / "releases").resolve(),
                                              private=(folder / "private").resolve(), budget=budget,
-                                             min_diagonal=MIN_DIAGONAL))
+                                             min_diagonal=MIN_DIAGONAL, categories=json.dumps(CATEGORIES)))
     return spec
 
 

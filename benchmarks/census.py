@@ -10,6 +10,7 @@ on sex) so the optimal PRAM matrices are not trivial.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,11 @@ MARITAL = ["never-married", "married", "separated", "divorced", "widowed", "civi
 EDUCATION = [f"isced-{k}" for k in range(9)] + [f"field-{k}" for k in range(7)]
 OCCUPATION = [f"isco-{k:02d}" for k in range(25)]
 REGION = [f"region-{k:02d}" for k in range(40)]
+
+
+# each column's public domain, declared in the spec as `categories:` (JSON lists are YAML flow sequences)
+DOMAINS = {"AGE": json.dumps(AGE), "EDUCATION": json.dumps(EDUCATION), "OCCUPATION": json.dumps(OCCUPATION),
+           "MARITAL": json.dumps(MARITAL), "REGION": json.dumps(REGION)}
 
 
 def _probs(k: int, skew: float, rng: np.random.Generator) -> np.ndarray:
@@ -85,11 +91,12 @@ budget: 12.0
 {seed_line}passthrough: [sex]
 engine: {{mode: {engine}, chunk_rows: {chunk_rows}, workers: {workers}}}
 variables:
-  - {{column: age_group, channel: pram-optimal, alpha: 2.0, prior: {{dp: 0.1}}}}
-  - {{column: education, channel: pram-optimal, alpha: 1.5, prior: {{dp: 0.1}}}}
-  - {{column: occupation, channel: pram-optimal, alpha: 1.5, prior: {{dp: 0.1}}, strata: [sex]}}
-  - {{column: marital_status, channel: rr-uniform, gamma: 4.0}}
-  - {{column: region, channel: rr-uniform, gamma: 8.0}}
+  - {{column: age_group, channel: pram-optimal, alpha: 2.0, prior: {{dp: 0.1}}, categories: {AGE}}}
+  - {{column: education, channel: pram-optimal, alpha: 1.5, prior: {{dp: 0.1}}, categories: {EDUCATION}}}
+  - {{column: occupation, channel: pram-optimal, alpha: 1.5, prior: {{dp: 0.1}}, strata: [sex],
+     categories: {OCCUPATION}}}
+  - {{column: marital_status, channel: rr-uniform, gamma: 4.0, categories: {MARITAL}}}
+  - {{column: region, channel: rr-uniform, gamma: 8.0, categories: {REGION}}}
   - {{column: hours, channel: gamma-noise, protection: {{Q: 0.75, delta: 0.9}}, theta_min: 0.5, resolution: 1,
      bounds: [1, 99]}}
 """
@@ -101,7 +108,8 @@ def write_spec(path: str | Path, source: str | Path, output: str | Path, private
     path = Path(path)
     path.write_text(SPEC.format(rows=rows, tag=tag, source=Path(source).resolve(), output=Path(output).resolve(),
                                 private=Path(private).resolve(), engine=engine, chunk_rows=chunk_rows,
-                                workers=workers, seed_line="" if seed is None else f"seed: {seed}\n"))
+                                workers=workers, seed_line="" if seed is None else f"seed: {seed}\n",
+                                **DOMAINS))
     return path
 
 

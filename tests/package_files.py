@@ -34,23 +34,29 @@ def make_source(folder: Path, rows: int = ROWS, long_label: bool = False) -> pd.
     df.loc[rng.random(rows) < 0.03, "region"] = None
     df.loc[rng.random(rows) < 0.03, "weight"] = np.nan
     if long_label:
-        df.loc[df["grade"] == "c", "grade"] = "c" + "é" * 70      # 141 bytes in UTF-8
+        df.loc[df["grade"] == "c", "grade"] = LONG_GRADE          # 141 bytes in UTF-8
     folder.mkdir(parents=True, exist_ok=True)
     df.to_csv(folder / "src.csv", index=False)
     df.to_parquet(folder / "src.parquet", row_group_size=CHUNK)   # text columns arrive as categoricals per chunk
     return df
 
 
-def spec_dict(folder: Path, **edits) -> dict:
+LONG_GRADE = "c" + "é" * 70                                            # make_source(long_label=True)'s c
+
+
+def spec_dict(folder: Path, long_label: bool = False, **edits) -> dict:
+    grades = ["a", "b", LONG_GRADE if long_label else "c"]
     spec = {
         "release": "fmt", "source": {"path": "src.csv"}, "output": str(folder / "releases"),
         "private_store": str(folder / "private"), "budget": 8.0, "formats": ["csv", "dta", "sav"],
         "passthrough": ["region", "weight"],
         "variables": [
-            {"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
-            {"column": "size", "channel": "pram-optimal", "alpha": 1.0, "strata": ["region"]},
-            {"column": "grade", "channel": "rr-uniform", "gamma": 4.0},
-            {"columns": ["m1", "m2"], "name": "pair", "channel": "rr-independent", "alpha": 2.0},
+            {"column": "colour", "channel": "rr-uniform", "gamma": 3.0, "categories": ["blue", "green", "red"]},
+            {"column": "size", "channel": "pram-optimal", "alpha": 1.0, "strata": ["region"],
+             "categories": ["L", "M", "S", "XL"]},
+            {"column": "grade", "channel": "rr-uniform", "gamma": 4.0, "categories": grades},
+            {"columns": ["m1", "m2"], "name": "pair", "channel": "rr-independent", "alpha": 2.0,
+             "categories": {"m1": ["p", "q"], "m2": ["u", "v", "w"]}},
             {"column": "score", "channel": "laplace-noise", "eta": 2.0, "accept_lower_protection": True},
         ],
     }

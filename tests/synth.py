@@ -10,6 +10,8 @@ import yaml
 
 SECRET_COLUMN = "ssn_private_x9q"          # in the source, never named by a spec: must never be published
 SECRET_VALUE_PREFIX = "SECRET-ID-"
+COLOURS = ["blue", "green", "red"]         # the public domains of make_source's categorical columns
+SIZES = ["L", "M", "S", "XL"]
 
 
 def make_source(path: Path, n: int = 400, seed: int = 7) -> pd.DataFrame:
@@ -27,6 +29,16 @@ def make_source(path: Path, n: int = 400, seed: int = 7) -> pd.DataFrame:
     return df
 
 
+DOMAINS = {"colour": COLOURS, "size": SIZES, "region": ["north", "south"]}
+
+
+def declared(v: dict) -> dict:
+    """A spec entry with the public domain of make_source's columns declared (`categories:`; a group: per column)."""
+    if "columns" in v:
+        return {**v, "categories": {c: DOMAINS[c] for c in v["columns"] if c in DOMAINS}}
+    return {**v, "categories": DOMAINS[v["column"]]}
+
+
 def spec_dict(folder: Path, release: str = "synth", source: str = "src.csv", population: dict | None = None,
               noise: bool = False, **edits) -> dict:
     spec = {
@@ -38,8 +50,8 @@ def spec_dict(folder: Path, release: str = "synth", source: str = "src.csv", pop
         "csv": True,
         "passthrough": ["region"],
         "variables": [
-            {"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
-            {"column": "size", "channel": "pram-optimal", "alpha": 1.0, "prior": "uniform"},
+            {"column": "colour", "channel": "rr-uniform", "gamma": 3.0, "categories": COLOURS},
+            {"column": "size", "channel": "pram-optimal", "alpha": 1.0, "prior": "uniform", "categories": SIZES},
         ],
     }
     if noise:

@@ -57,6 +57,17 @@ class Family:
     def check_streamable(self, spec, i: int, v, mode: str) -> None:
         """Refuse what needs the whole table in one chunk when `mode` reads many chunks."""
 
+    def public_domain(self, spec, i: int, v) -> tuple[object, str] | None:
+        """(the released categories, where they come from) when public information fixes them (read from the spec
+        and public files, never the source); None when the family has no categories or takes them from the source
+        (a variable the spec declares public). A categorical domain read from the source is refused: it is a
+        statistic of the confidential data."""
+        return None
+
+    def domain_label(self, v) -> str | None:
+        """Where the variable's categories come from, in words (channels.json `domain`, the report)."""
+        return None
+
     # -- reading ----------------------------------------------------------------------------------------
     def text_columns(self, v) -> list[str]:
         """Source columns read as text (categories)."""

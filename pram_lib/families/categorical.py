@@ -205,6 +205,61 @@ def missing_as_category(spec, i: int, col: pd.Series) -> pd.Series:
     return col.fillna(MISSING)
 
 
+DOMAIN_FIX = ("declare them from public documentation of the variable, e.g. `categories: [a, b, c]`, or give a public "
+              "reference `prior: {file: reference.csv}` whose `category` column lists them; only a variable that is "
+              "itself public information may take its values from the source (`public: true`)")
+
+
+def domain_label(v) -> str:
+    """Where a categorical variable's released categories come from."""
+    if v.categories is not None:
+        return "declared in the spec (`categories:`)"
+    if isinstance(v.prior, PriorFile):
+        return f"the categories of the public prior file {v.prior.file}"
+    return "the values found in the source (the spec declares the variable public information: `public: true`)"
+
+
+def public_domain(spec, i: int, v) -> tuple[tuple, str] | None:
+    """(categories, where they come from) from the spec or the public prior file; None for a public variable (its
+    values are read from the source); else the spec is refused: the set of values found in the source is a
+    statistic of the confidential data (a value one record holds would be published)."""
+    if v.categories is not None:
+        return declared_categories(v), domain_label(v)
+    if isinstance(v.prior, PriorFile):
+        cats = tuple(sorted(prior_reference(spec, i, v)["category"]))
+        if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "pram-accurate"):
+            cats += (MISSING,)
+        return cats, domain_label(v)
+    if v.public:
+        return None
+    raise spec.error(("variables", i), f"the categories of {v.column!r} are not declared: the release "
+                     "would take them from the values found in the source, a statistic of the confidential data that "
+                     "no ε covers (a value held by one record would appear in channels.json and estimates.csv)",
+                     v.column, DOMAIN_FIX)
+
+
+def check_declared_domain(spec, i: int, v) -> None:
+    """A public domain exists (refused otherwise), names each category once and has at least two; a prior file
+    (public) is read and weighs every category."""
+    domain = public_domain(spec, i, v)
+    if domain is None:
+        return
+    cats, how = domain
+    loc = ("variables", i, "categories") if v.categories is not None else ("variables", i, "prior", "file")
+    if len(set(cats)) != len(cats):
+        raise spec.error(loc, "categories repeat (as text)", sorted({c for c in cats if cats.count(c) > 1})[:10],
+                         "name each category once")
+    if len(cats) < 2:
+        raise spec.error(loc, f"needs at least 2 categories, {how} gives {len(cats)}", list(cats),
+                         "declare every category of the variable")
+    if isinstance(v.prior, PriorFile) and v.channel in DATA_PRIOR_CHANNELS:
+        listed = set(prior_reference(spec, i, v)["category"])
+        lacking = [c for c in cats if c not in listed]
+        if lacking:
+            raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories", lacking[:10],
+                             "give every category a weight")
+
+
 def declared_categories(v) -> tuple:
     """A variable's declared domain; with `missing: category`, '<missing>' is part of it (pram-optimal and
     rr-uniform add it; a pram-custom or pram-invariant matrix must list it itself)."""
@@ -378,19 +433,7 @@ class Categorical(Family):
                                  f"add {s!r} to `passthrough:` (the report flags it)")
         if v.channel == "pram-custom":
             check_custom_matrix(spec, i, v)
-        if v.categories is not None:
-            as_text = [str(c) for c in v.categories]
-            twice = sorted({c for c in as_text if as_text.count(c) > 1})
-            if twice:   # 1 and "1" are one category: data are read as text
-                raise spec.error(("variables", i, "categories"), "categories repeat once read as text (the "
-                                 "source's values are text: 1 and '1' are one category)", twice, "name each once")
-        if isinstance(v.prior, PriorFile):
-            ref = prior_reference(spec, i, v)
-            if v.categories is not None:
-                lacking = [c for c in declared_categories(v) if c not in set(ref["category"])]
-                if lacking:
-                    raise spec.error(("variables", i, "prior", "file"), "prior file lacks categories", lacking[:10],
-                                     "give every category a weight")
+        check_declared_domain(spec, i, v)
 
     def static_epsilon(self, v):
         if v.public:
@@ -405,6 +448,12 @@ class Categorical(Family):
 
     def epsilon_from_data(self, v):
         return (v.channel == "pram-invariant" or v.unresolved_target) and not v.public
+
+    def public_domain(self, spec, i, v):
+        return public_domain(spec, i, v)
+
+    def domain_label(self, v):
+        return domain_label(v)
 
     def text_columns(self, v):
         return [v.column]
@@ -421,14 +470,21 @@ class Categorical(Family):
         if not observed:
             raise spec.error(("variables", i, "column"), "every value of this column is missing", v.column,
                              "check the column, or drop the variable from the spec")
-        if v.categories is not None:
-            cats = declared_categories(v)
-            unknown = {str(x) for x in observed} - set(cats)
-            if unknown:
-                raise spec.error(("variables", i, "categories"), "the source has values outside the declared "
-                                 "categories", sorted(unknown)[:10], "add them to `categories:` or recode")
+        domain = public_domain(spec, i, v)
+        if domain is not None:
+            cats, how = domain
+            outside = {key[-1] for key in counts if key[-1] is not None and str(key[-1]) not in set(cats)}
+            if outside:
+                rows = sum(n for key, n in counts.items() if key[-1] in outside)
+                where = "categories" if v.categories is not None else "prior"
+                raise spec.error(("variables", i, where), f"rows of {v.column!r} hold values outside its categories "
+                                 f"({how}); the values are not shown, the rows and distinct values are counted "
+                                 "under found", {"rows": int(rows), "distinct_values": len(outside)},
+                                 "add the missing categories to the declaration if they are public, or recode those "
+                                 "values in the source (e.g. to a declared category, or to missing with "
+                                 "`source.missing_values:`)")
             from_data = False
-        else:
+        else:   # a public variable (`public: true`): its values are public information
             cats = tuple(sorted(str(x) for x in observed))
             from_data = True
         if len(cats) < 2:
@@ -579,7 +635,7 @@ class Categorical(Family):
             d["details"] = {k: x for k, x in d.get("details", {}).items() if k not in VOLATILE_DETAILS}
             d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
                      stratum_key=[None if x is None else str(x) for x in a.stratum],
-                     prior=a.prior, prior_epsilon=a.prior_epsilon)
+                     prior=a.prior, prior_epsilon=a.prior_epsilon, domain=domain_label(v))
             if v.target_details is not None:
                 d["details"]["target"] = v.target_details
             out.append(d)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Union
 
 import numpy as np
 import pandas as pd
@@ -58,6 +58,7 @@ class GroupVariable(StatedLevel):
     name: str | None = None              # the group's name (default: its columns joined by '+')
     adjust: bool = False                 # publish RR-Adjustment weights
     clustering: Clustering | None = None
+    categories: dict[str, list[Union[str, int]]] | None = None   # each attribute's public domain
     channel: Literal["rr-independent", "rr-joint", "rr-clusters"]
 
     @classmethod
@@ -132,6 +133,41 @@ class GroupStats:
                           {k: self.pairs[k] + o.pairs[k] for k in self.pairs},
                           {c: n + o.missing[c] for c, n in self.missing.items()}, {},
                           self.adjusted if o.adjusted is None else o.adjusted)
+
+
+GROUP_DOMAIN_FIX = ("declare each attribute's categories from public documentation on the group, e.g. `categories: "
+                    "{a: [x, y], b: [u, v, w]}`; list '<missing>' for an attribute whose missing values are released "
+                    "as a category of their own")
+GROUP_DOMAIN = "declared in the spec (the group's `categories:`)"
+
+
+def group_domain(spec, i: int, v) -> list[list[str]]:
+    """Each attribute's declared categories as text, '<missing>' last when listed; the spec is refused when an
+    attribute has none (the values found in the source are a statistic of the confidential data), when a key is
+    not a column of the group, or a list repeats a category or has fewer than two."""
+    declared = v.categories or {}
+    for j, key in enumerate(declared):
+        if key not in v.columns:
+            raise spec.error(("variables", i, "categories", key), f"{key!r} is not a column of the group", key,
+                             f"declare the categories of the group's columns only: {', '.join(v.columns)}")
+    lacking = [c for c in v.columns if c not in declared]
+    if lacking:
+        loc = ("variables", i, "categories") if v.categories else ("variables", i)
+        raise spec.error(loc, f"the categories of {', '.join(map(repr, lacking))} in group "
+                         f"{v.key!r} are not declared: the release would take them from the values found in the "
+                         "source, a statistic of the confidential data that no ε covers (a value held by one record "
+                         "would appear in channels.json, estimates.csv and tables.csv)", lacking, GROUP_DOMAIN_FIX)
+    out = []
+    for c in v.columns:
+        cats = [str(x) for x in declared[c]]
+        if len(set(cats)) != len(cats):
+            raise spec.error(("variables", i, "categories", c), "categories repeat (as text)",
+                             sorted({x for x in cats if cats.count(x) > 1})[:10], "name each category once")
+        if len([x for x in cats if x != MISSING]) < 2:
+            raise spec.error(("variables", i, "categories", c), "needs at least 2 categories", cats,
+                             "declare every category of the attribute")
+        out.append([x for x in cats if x != MISSING] + ([MISSING] if MISSING in cats else []))
+    return out
 
 
 def measured_clusters(v) -> bool:
@@ -293,6 +329,15 @@ class Group(Family):
     def epsilon_from_data(self, v):
         return v.unresolved_target
 
+    def check_spec(self, spec, i, v):
+        group_domain(spec, i, v)
+
+    def public_domain(self, spec, i, v):
+        return group_domain(spec, i, v), GROUP_DOMAIN
+
+    def domain_label(self, v):
+        return GROUP_DOMAIN
+
     def released_names(self, v, i):
         out = [(col, ("variables", i, "columns", j), "a variable") for j, col in enumerate(v.columns)]
         if v.adjust:
@@ -318,14 +363,25 @@ class Group(Family):
                          df[list(v.columns)] if measured_clusters(v) else None)
 
     def finish_profile(self, spec, i, v, part: GroupPart) -> GroupProfile:
-        cats, missing = [], {}
-        for j, (c, counts) in enumerate(zip(v.columns, part.counts)):
-            values = sorted(str(x[0]) for x in counts if x[0] is not None)
+        cats, missing = group_domain(spec, i, v), {}
+        for j, (c, counts, domain) in enumerate(zip(v.columns, part.counts, cats)):
             missing[c] = counts.get((None,), 0)
-            if not values:
+            if missing[c] == sum(counts.values()):
                 raise spec.error(("variables", i, "columns", j), "every value of this column is missing", c,
                                  "check the column, or drop it from the group")
-            cats.append(values + ([MISSING] if missing[c] else []))
+            outside = {x[0] for x in counts if x[0] is not None and str(x[0]) not in set(domain)}
+            if outside:
+                raise spec.error(("variables", i, "categories", c), f"rows of {c!r} hold values outside its declared "
+                                 "categories; the values are not shown, the rows and distinct values are counted "
+                                 "under found", {"rows": int(sum(counts[(x,)] for x in outside)),
+                                                 "distinct_values": len(outside)},
+                                 "add the missing categories to the declaration if they are public, or recode those "
+                                 "values in the source (e.g. to a declared category)")
+            if missing[c] and MISSING not in domain:
+                raise spec.error(("variables", i, "categories", c), f"{c!r} has missing values, and its declared "
+                                 f"categories do not list {MISSING!r} (a group releases them as a category of "
+                                 "their own)", {"rows": int(missing[c])},
+                                 f"add {MISSING!r} to the categories of {c!r}")
         codes = None if part.rows is None else group_codes_of(v, cats, part.rows)
         return GroupProfile(v.key, tuple(v.columns), cats, codes, missing)
 
@@ -444,7 +500,7 @@ class Group(Family):
         (a,) = assignments
         d = a.channel.to_dict()
         d.update(variable=a.column, variables=list(a.channel.attributes), stratum="all", strata_columns=[],
-                 stratum_key=[], prior=a.prior, prior_epsilon=0.0, adjust=v.adjust,
+                 stratum_key=[], prior=a.prior, prior_epsilon=0.0, domain=GROUP_DOMAIN, adjust=v.adjust,
                  weight_column=v.weight_column if v.adjust else None,
                  convention_group="each cluster is K-ary RR on the product of its attributes' categories "
                                   "(cells in row-major order, first attribute most significant): keep the "

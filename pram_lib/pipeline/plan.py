@@ -225,13 +225,9 @@ def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[
     return out
 
 
-def _declared_domain(spec: ReleaseSpec, i: int, v) -> tuple[tuple, str] | None:
-    if v.categories is not None:
-        return declared_categories(v), "declared in the spec (`categories:`)"
-    if isinstance(v.prior, PriorFile):
-        cats = tuple(sorted({str(c) for c in _reference(spec, i, v)["category"]}))
-        return cats, f"the categories of the public prior file {v.prior.file}"
-    return None
+def _declared_domain(spec: ReleaseSpec, i: int, v) -> tuple[object, str] | None:
+    """(domain, where it comes from) from public information; None for a public variable (read from the source)."""
+    return family_of(v).public_domain(spec, i, v)
 
 
 def source_domains(spec: ReleaseSpec, keys: set[str]) -> dict[str, object]:
@@ -515,7 +511,7 @@ def smallest_epsilon(halfwidths: Callable[[float], np.ndarray | None], limits: n
 def _target_domains(spec: ReleaseSpec, pending: list, read_source: bool) -> dict[str, tuple[object, str]]:
     domains, need = {}, set()
     for i, v in pending:
-        d = _declared_domain(spec, i, v) if family_of(v).kind == "categorical" else None
+        d = _declared_domain(spec, i, v)
         if d is None:
             need.add(v.key)
         else:
@@ -702,14 +698,12 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
     need_source = set()
     for i, v in enumerate(spec.variables):
         kind = family_of(v).kind
-        if kind == "categorical":
+        if kind in ("categorical", "group"):
             d = _declared_domain(spec, i, v)
             if d is None:
                 need_source.add(v.key)
             else:
                 domains[v.key] = d
-        elif kind == "group":
-            need_source.add(v.key)
     read = []
     if need_source and read_source:
         found = source_domains(spec, need_source)

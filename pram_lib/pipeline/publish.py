@@ -309,6 +309,18 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
     return files
 
 
+def domains_section(spec: ReleaseSpec, entries: list[tuple]) -> list[str]:
+    """Where each categorical variable's and group attribute's released categories come from."""
+    rows = [f"| `{c}` | {family.domain_label(v)} |" for v, family, _ in entries if family.domain_label(v)
+            for c in v.names]
+    if not rows:
+        return []
+    return ["## Categories", "",
+            "The categories every released categorical column can take (its domain, listed in `channels.json`) come "
+            "from public information, never from the values found in the source: that set is itself a statistic of "
+            "the confidential data.", "", "| column | categories |", "|---|---|", *rows, ""]
+
+
 def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame,
                   validation: dict, n_rows: int, released_columns: list[str], started: str,
                   plots: list[str], numeric_summary: pd.DataFrame | None = None,
@@ -352,6 +364,7 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
               "source. The published matrix therefore depends on confidential data; the ε above covers the "
               "released values, not what the choice of matrix reveals. Use `prior: uniform`, a public file or "
               "`prior: {dp: ε0}` for a release whose every output is covered.", ""]
+    L += domains_section(spec, entries)
     L += missing_values_section(spec)
     for family in REGISTRY:
         mine = [(v, alist) for v, f, alist in entries if f is family]

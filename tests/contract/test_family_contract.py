@@ -22,6 +22,7 @@ import yaml
 from pram_lib.pipeline import publish, release, stream
 from pram_lib.families import BY_CHANNEL, REGISTRY
 from pram_lib.spec import CHANNELS, load_spec
+from synth import declared
 
 N = 3_000
 LEVEL = 0.8
@@ -40,6 +41,8 @@ VARIABLES = {
                     "accept_lower_protection": True},
     "laplace-noise": {"column": "score", "channel": "laplace-noise", "eta": 3.0, "accept_lower_protection": True},
 }
+VARIABLES.update({c: declared(v) for c, v in VARIABLES.items()   # every categorical domain declared (public)
+                  if BY_CHANNEL[c].kind != "continuous" and "categories" not in v})
 
 
 def _source(n: int = N, seed: int = 3) -> pd.DataFrame:

@@ -32,6 +32,7 @@ variables:
   - column: a
     channel: rr-uniform
     gamma: 4
+    categories: [p, q, r]
   - column: b
     channel: pram-custom
     categories: ["no", "yes"]

@@ -55,6 +55,14 @@ def custom(matrix, categories=("red", "green", "blue"), **kw) -> Callable[[dict]
     return edit
 
 
+def group(**kw) -> Callable[[dict], None]:
+    """size and region randomized as a group (region no longer passes through)."""
+    def edit(d):
+        d["passthrough"] = []
+        d["variables"][1] = {"columns": ["size", "region"], "channel": "rr-independent", "alpha": 1.0, **kw}
+    return edit
+
+
 def src(**cols) -> Callable[[pd.DataFrame], pd.DataFrame]:
     def edit(df):
         for c, v in cols.items():
@@ -153,11 +161,31 @@ CASES: dict[str, tuple] = {
     "pass-through column not in source": (top(passthrough=["county"]), None, "passthrough[0]",
                                           "not in the source"),
     "all-missing column": (None, src(colour=[None] * N), "variables[0].column", "every value"),
-    "one category only": (None, src(colour=["red"] * N), "variables[0].column", "at least 2 categories"),
+    "one category only": (var(0, categories=["red"]), None, "variables[0].categories", "at least 2 categories"),
     "value outside the declared categories": (var(0, categories=["red", "green"]), None, "variables[0].categories",
-                                              "outside the declared categories"),
+                                              "outside its categories"),
+    "a value one record holds, outside the declared categories": (None, src(colour=["violet"] + ["red"] * (N - 1)),
+                                                                  "variables[0].categories", "outside its categories"),
     "unknown category in a custom matrix": (custom([[0.8, 0.2], [0.2, 0.8]], categories=("red", "green")), None,
-                                            "variables[0].categories", "outside the declared categories"),
+                                            "variables[0].categories", "outside its categories"),
+    # -- the domain: public information only (a set of values read from the source would be published)
+    "categorical variable without declared categories": (lambda d: d["variables"][1].pop("categories"), None,
+                                                         "variables[1]", "categories of 'size' are not declared"),
+    "group without declared categories": (group(), None, "variables[1]", "'size', 'region' in group"),
+    "group categories of one column only": (group(categories={"size": list(synth.SIZES)}), None,
+                                            "variables[1].categories", "'region' in group"),
+    "group categories name another column": (group(categories={"size": list(synth.SIZES), "region": ["north", "south"],
+                                                               "colour": list(synth.COLOURS)}), None,
+                                             "variables[1].categories.colour", "not a column of the group"),
+    "group value outside its declared categories": (group(categories={"size": ["S", "M", "L"],
+                                                                      "region": ["north", "south"]}), None,
+                                                    "variables[1].categories.size", "outside its declared categories"),
+    "group missing values without '<missing>'": (group(categories={"size": list(synth.SIZES),
+                                                                   "region": ["north", "south"]}),
+                                                 src(region=[None] + ["north"] * (N - 1)),
+                                                 "variables[1].categories.region", "has missing values"),
+    "prior file lacks a declared category": (var(1, categories=["S", "M", "L", "XL"], prior={"file": "ref_small.csv"}),
+                                             None, "variables[1].prior.file", "lacks categories"),
     "zero-count category (invariant PRAM)": (lambda d: d["variables"].__setitem__(1, {
         "column": "size", "channel": "pram-invariant", "min_diagonal": 0.6,
         "categories": ["S", "M", "L", "XL", "XXL"]}), None, "variables[1].categories", "no records"),

@@ -48,8 +48,9 @@ def test_ten_scheduled_releases_at_once(prefect_server, tmp_path):
     for i in range(N_RUNS):
         specs.append(synth.write_spec(tmp_path, name=f"load{i}.yaml", release=f"load-{i}", seed=100 + i,
                                       population={"key": "load-pop", "cap": CAP},
-                                      variables=[{"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
-                                                 {"column": "size", "channel": "rr-uniform", "alpha": 1.0}]))
+                                      variables=[synth.declared({"column": "colour", "channel": "rr-uniform", "gamma": 3.0}),
+                                                 synth.declared({"column": "size", "channel": "rr-uniform",
+                                                                 "alpha": 1.0})]))
     pool = "pram-load"
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process",

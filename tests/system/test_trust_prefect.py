@@ -207,30 +207,34 @@ def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_cli_failures_are_one_located_message(prefect_server, tmp_path):
-    """A bad spec at load, a raw value in the data, a missing spec file: one message, no traceback, exit 2;
-    the raw value is on the terminal and in the audit log, not in Prefect."""
+    """A bad spec at load, a value outside the declared categories, a raw value that does not fit a declared dtype,
+    a missing spec file: one message, no traceback, exit 2. The value outside the categories is counted, never
+    shown; the raw value the CSV reader quotes is on the terminal and in the audit log, not in Prefect."""
     env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT)}
     bad_field = synth.write_spec(tmp_path / "a", budget="lots")
-    folder = tmp_path / "b"
+    folder, typed_folder = tmp_path / "b", tmp_path / "c"
     spec = synth.write_spec(folder)
-    d = yaml.safe_load(spec.read_text())
-    d["variables"][0] = {"column": "colour", "channel": "rr-uniform", "gamma": 3.0,
-                         "categories": ["red", "green", "blue"]}
-    spec.write_text(yaml.safe_dump(d))
     df = pd.read_csv(folder / "src.csv")
     df.loc[5, "colour"] = ODD_CATEGORY
     df.to_csv(folder / "src.csv", index=False)
-    cases = [(bad_field, "field 'budget'"), (spec, "variables[0].categories"),
+    typed = synth.write_spec(typed_folder, passthrough=["region", "n"])
+    d = yaml.safe_load(typed.read_text())
+    d["source"]["dtypes"] = {"n": "int64"}
+    typed.write_text(yaml.safe_dump(d))
+    df = pd.read_csv(typed_folder / "src.csv")
+    df["n"] = ["1"] * 5 + [ODD_CATEGORY] + ["1"] * (len(df) - 6)
+    df.to_csv(typed_folder / "src.csv", index=False)
+    cases = [(bad_field, "field 'budget'"), (spec, "variables[0].categories"), (typed, "field 'source'"),
              (tmp_path / "no" / "such" / "dir" / "spec.yaml", "no such spec file")]
     for path, words in cases:
         out = _cli(["run", str(path), "--seed", "3"], env, tmp_path)
         assert out.returncode == 2, (path, out.stdout, out.stderr)
         assert "Traceback" not in out.stderr + out.stdout, out.stderr
         assert words in out.stderr, out.stderr
-    assert ODD_CATEGORY in _cli(["run", str(spec)], env, tmp_path).stderr
+        assert (ODD_CATEGORY in out.stderr) == (path == typed), out.stderr
     assert not (tmp_path / "no").exists()                       # nothing created for a spec that is not there
-    audit = (folder / "private" / "audit.jsonl").read_text()
-    assert ODD_CATEGORY in audit                                # the private store keeps the whole error
+    assert ODD_CATEGORY not in (folder / "private" / "audit.jsonl").read_text()   # counted, never written
+    assert ODD_CATEGORY in (typed_folder / "private" / "audit.jsonl").read_text()  # the private store keeps it
     assert ODD_CATEGORY not in _database_text(prefect_server["home"])
 
 
@@ -345,8 +349,9 @@ def test_engine_override_meets_the_specs_needs(prefect_server, tmp_path):
     from flows.release import run_release
     from pram_lib.spec import SpecError
 
-    spec = synth.write_spec(tmp_path, variables=[{"columns": ["colour", "size"], "channel": "rr-independent",
-                                                  "alpha": 1.0, "adjust": True}])
+    spec = synth.write_spec(tmp_path, variables=[synth.declared({"columns": ["colour", "size"],
+                                                                 "channel": "rr-independent", "alpha": 1.0,
+                                                                 "adjust": True})])
     with pytest.raises(SpecError) as info:
         run_release(str(spec), seed=1, engine="stream")
     assert info.value.field == "variables[0].adjust" and "'stream'" in str(info.value)

@@ -53,6 +53,7 @@ variables:
     name: grp
     channel: rr-independent
     target: {halfwidth: 0.06}
+    categories: {g1: [p, q, r], g2: [m, n]}
   - column: inc
     channel: gamma-noise
     protection: {Q: 0.75, delta: 0.9}
@@ -188,7 +189,7 @@ def test_the_true_share_prediction_matches_simulated_releases(tmp_path):
     pd.DataFrame({"c": rng.choice(["c0", "c1", "c2", "c3"], n, p=p)}).to_csv(tmp_path / "src.csv", index=False)
     (tmp_path / "s.yaml").write_text("release: sim\nsource: {path: src.csv}\noutput: out\nprivate_store: priv\n"
                                      "budget: 5\nvariables:\n  - column: c\n    channel: pram-optimal\n"
-                                     "    alpha: 1.0\n    prior: data\n")
+                                     "    alpha: 1.0\n    prior: data\n    categories: [c0, c1, c2, c3]\n")
     spec = load_spec(tmp_path / "s.yaml")
     profile = stream.profile_source(spec, 1)
     assignments = release.choose_channels(spec, profile, 1)

@@ -65,11 +65,13 @@ variables:
   - column: colour
     channel: rr-uniform
     gamma: 3
+    categories: [blue, green, red]
   - column: occ
     channel: pram-optimal
     alpha: 1.0
     strata: [sex]
     prior: data
+    categories: [w, x, y, z]
   - column: income
     channel: pram-custom
     categories: [low, mid, high]
@@ -79,6 +81,7 @@ variables:
     channel: rr-clusters
     alpha: 4
     clustering: {public: [[a, b], [c]]}
+    categories: {a: [p, q, r], b: [s, t, u], c: [k, l]}
 """
 
 

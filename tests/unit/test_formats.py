@@ -81,11 +81,11 @@ def test_files_do_not_carry_the_time_they_were_written(tmp_path):
 def test_a_category_longer_than_spss_keeps_is_refused_and_stata_keeps_it(tmp_path):
     make_source(tmp_path, long_label=True)
     with pytest.raises(SpecError) as info:
-        publish_locally(write_spec(tmp_path), SEED, engine="memory")
+        publish_locally(write_spec(tmp_path, long_label=True), SEED, engine="memory")
     err = info.value
     assert err.field == "formats" and "120-byte" in str(err) and "grade" in str(err) and "Fix:" in str(err)
     assert not list((tmp_path / "releases").glob("fmt-*"))
-    folder = publish_locally(write_spec(tmp_path, formats=["dta"]), SEED, engine="memory").folder
+    folder = publish_locally(write_spec(tmp_path, long_label=True, formats=["dta"]), SEED, engine="memory").folder
     with pd.io.stata.StataReader(folder / "data.dta") as reader:
         assert "c" + "é" * 70 in reader.value_labels()["grade"].values()
 
@@ -102,6 +102,7 @@ variables:
   - column: colour
     channel: rr-uniform
     gamma: 3
+    categories: [blue, red]
 """
 
 

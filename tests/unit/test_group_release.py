@@ -25,9 +25,11 @@ variables:
     alpha: 6
     clustering: {T_v: 30, T_d: 0.3, measure: pairs, alpha: 3}
     adjust: true
+    categories: {a: [x, y, z], b: [p, q, r], c: [u, v]}
   - column: d
     channel: rr-uniform
     gamma: 2
+    categories: [k, l, m]
 """
 
 
@@ -139,7 +141,7 @@ def test_gate_fails_when_the_cluster_claim_is_false(case):
 
 GROUP_CASES = {
     "column and columns": ("name: trio", "name: trio\n    column: a", 6, "variables[0]", "exactly one"),
-    "group channel on one column": ("channel: rr-uniform", "channel: rr-joint", 12, "variables[1]", "columns:"),
+    "group channel on one column": ("channel: rr-uniform", "channel: rr-joint", 13, "variables[1]", "columns:"),
     "clustering without budget": ("measure: pairs, alpha: 3}", "measure: pairs}", 10,
                                   "variables[0].clustering", "alpha"),
     "public clusters miss a column": ("{T_v: 30, T_d: 0.3, measure: pairs, alpha: 3}", "{public: [[a, b]]}", 6,
@@ -147,7 +149,7 @@ GROUP_CASES = {
     "clustering on rr-joint": ("channel: rr-clusters", "channel: rr-joint", 6, "variables[0]", "only for rr-clusters"),
     "noise key on a group": ("adjust: true", "adjust: true\n    transform: log1p", 6, "variables[0]",
                              "do not apply to a group"),
-    "column twice": ("column: d", "column: a", 12, "variables[1].column", "twice"),
+    "column twice": ("column: d", "column: a", 13, "variables[1].column", "twice"),
     "over budget": ("budget: 10", "budget: 9", 4, "budget", "over the budget"),
 }
 

@@ -16,8 +16,8 @@ from pram_lib.spec import SpecError, ledger_bound, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXACT = [  # two channels whose ε is exactly the stated level: log 3 + 1
-    {"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
-    {"column": "size", "channel": "rr-uniform", "alpha": 1.0},
+    synth.declared({"column": "colour", "channel": "rr-uniform", "gamma": 3.0}),
+    synth.declared({"column": "size", "channel": "rr-uniform", "alpha": 1.0}),
 ]
 EPS = math.log(3) + 1.0
 
@@ -91,7 +91,8 @@ def test_bound_is_known_before_data(tmp_path):
     spec = load_spec(_spec(tmp_path))
     assert ledger_bound(spec) == pytest.approx(EPS, abs=1e-12)
     d = synth.spec_dict(tmp_path, population={"key": "people-2026", "cap": 50},
-                        variables=EXACT + [{"column": "region", "channel": "pram-invariant", "min_diagonal": 0.7}],
+                        variables=EXACT + [synth.declared({"column": "region", "channel": "pram-invariant",
+                                                            "min_diagonal": 0.7})],
                         passthrough=[], budget=4.5)
     p = tmp_path / "inv.yaml"
     p.write_text(yaml.safe_dump(d))

@@ -32,6 +32,7 @@ variables:
   - column: colour
     channel: rr-uniform
     gamma: 2
+    categories: [blue, red]
   - column: age
 """
 

@@ -24,6 +24,7 @@ variables:
   - column: colour
     channel: rr-uniform
     gamma: 2
+    categories: [blue, red]
   - column: income
     channel: gamma-noise
     protection: {Q: 0.75, delta: 0.9}
@@ -192,16 +193,16 @@ def test_log1p_and_point_mass_are_declared_in_the_channel(folder):
 
 
 NOISE_CASES = {
-    "alpha on a noise channel": ("theta_min: 0.5", "theta_min: 0.5\n    alpha: 1", 9, "variables[1]",
+    "alpha on a noise channel": ("theta_min: 0.5", "theta_min: 0.5\n    alpha: 1", 10, "variables[1]",
                                  "not differential privacy"),
-    "theta above one": ("theta_min: 0.5", "theta: 1.5", 12, "variables[1].theta", "less than or equal to 1"),
-    "delta out of range": ("delta: 0.9}", "delta: 1.2}", 11, "variables[1].protection.delta", "less than 1"),
-    "eta and protection": ("eta: 3.0", "eta: 3.0\n    protection: {Q: 1}", 13, "variables[2]", "not both"),
-    "laplace with theta": ("eta: 3.0", "eta: 3.0\n    theta: 0.5", 13, "variables[2]", "theta = 1 member"),
+    "theta above one": ("theta_min: 0.5", "theta: 1.5", 13, "variables[1].theta", "less than or equal to 1"),
+    "delta out of range": ("delta: 0.9}", "delta: 1.2}", 12, "variables[1].protection.delta", "less than 1"),
+    "eta and protection": ("eta: 3.0", "eta: 3.0\n    protection: {Q: 1}", 14, "variables[2]", "not both"),
+    "laplace with theta": ("eta: 3.0", "eta: 3.0\n    theta: 0.5", 14, "variables[2]", "theta = 1 member"),
     "noise key on a categorical channel": ("gamma: 2", "gamma: 2\n    transform: log1p", 6, "variables[0]",
                                            "are for gamma-noise"),
-    "strata on noise": ("theta_min: 0.5", "theta_min: 0.5\n    strata: [colour]", 9, "variables[1]", "strata"),
-    "unknown transform": ("theta_min: 0.5", "transform: sqrt", 12, "variables[1].transform", "log1p"),
+    "strata on noise": ("theta_min: 0.5", "theta_min: 0.5\n    strata: [colour]", 10, "variables[1]", "strata"),
+    "unknown transform": ("theta_min: 0.5", "transform: sqrt", 13, "variables[1].transform", "log1p"),
 }
 
 

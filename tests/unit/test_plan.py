@@ -71,6 +71,7 @@ variables:
     channel: rr-clusters
     alpha: 3.0
     clustering: {{public: [[g1, g2], [g3]]}}
+    categories: {{g1: [p, q, r], g2: [m, n], g3: [s, t, u, v]}}
 """
 GROUP_CATS = {"g1": ["p", "q", "r"], "g2": ["m", "n"], "g3": ["s", "t", "u", "v"]}
 
@@ -330,8 +331,9 @@ def test_rows_change_nothing_in_a_release(tmp_path):
     pd.DataFrame({"x": rng.choice(list("abc"), 300), "y": rng.choice(list("pqrs"), 300)}).to_csv(
         tmp_path / "s.csv", index=False)
     base = {"release": "r", "source": {"path": "s.csv"}, "output": "out", "private_store": "priv", "budget": 5,
-            "variables": [{"column": "x", "channel": "rr-uniform", "alpha": 1.0},
-                          {"column": "y", "channel": "pram-optimal", "alpha": 1.0, "prior": "uniform"}]}
+            "variables": [{"column": "x", "channel": "rr-uniform", "alpha": 1.0, "categories": list("abc")},
+                          {"column": "y", "channel": "pram-optimal", "alpha": 1.0, "prior": "uniform",
+                           "categories": list("pqrs")}]}
     results = []
     for name, extra in (("plain.yaml", {}), ("rows.yaml", {"rows": 7})):
         (tmp_path / name).write_text(yaml.safe_dump({**base, **extra}))
@@ -355,7 +357,7 @@ def test_a_large_cross_cluster_table_is_planned_as_the_release_estimates_it(tmp_
     n = 40 * 30 * 10                                       # uniform m: every expected cell count is a whole 10
     (tmp_path / "wide.yaml").write_text(
         f"release: wide\nsource: {{path: wide.csv}}\nbudget: 10\nrows: {n}\nvariables:\n"
-        "  - {columns: [a, b], name: ab, channel: rr-independent, alpha: 4.0}\n")
+        f"  - {{columns: [a, b], name: ab, channel: rr-independent, alpha: 4.0, categories: {{a: {a}, b: {b}}}}}\n")
     plan = plan_release(load_spec(tmp_path / "wide.yaml"))
     (table,) = [e for e in plan.variables[0].estimands if e.kind == "table"]
     assert table.method.startswith("independence")
@@ -379,6 +381,7 @@ variables:
     channel: pram-optimal
     alpha: 1.2
     prior: {prior}
+    categories: [w, x, y, z]
 """
 
 

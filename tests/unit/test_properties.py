@@ -104,7 +104,7 @@ def valid_specs(draw):
     for c in cols:
         key, value = draw(level)
         channel = draw(st.sampled_from(["rr-uniform", "pram-optimal"]))
-        variables.append({"column": c, "channel": channel, key: value})
+        variables.append({"column": c, "channel": channel, key: value, "categories": ["x", "y"]})
         eps += value if key == "alpha" else math.log(value)
     spec = {"release": draw(slug), "source": {"path": "data.csv"}, "budget": eps * draw(st.floats(1.0, 3.0)) + 1e-9,
             "variables": variables}
@@ -127,9 +127,9 @@ def test_valid_specs_load_with_their_budget(tmp_path, case):
 
 BASE = Path(__file__).resolve().parents[1] / "synth.py"  # any readable text; the spec below is the one mutated
 VALID = yaml.safe_dump({"release": "r", "source": {"path": "x.csv"}, "budget": 3.0, "passthrough": ["a"],
-                        "variables": [{"column": "b", "channel": "rr-uniform", "gamma": 3.0},
+                        "variables": [{"column": "b", "channel": "rr-uniform", "gamma": 3.0, "categories": ["u", "v"]},
                                       {"column": "c", "channel": "pram-optimal", "alpha": 1.0,
-                                       "prior": {"dp": 0.1}}]}, sort_keys=False)
+                                       "prior": {"dp": 0.1}, "categories": ["x", "y", "z"]}]}, sort_keys=False)
 
 
 @SETTINGS

@@ -23,10 +23,12 @@ variables:
   - column: colour
     channel: rr-uniform
     gamma: 3
+    categories: [blue, green, red]
   - column: size
     channel: pram-optimal
     alpha: 1.0
     strata: [region]
+    categories: [L, M, S]
 """
 
 
@@ -75,34 +77,34 @@ CASES = {
     "unknown channel": (GOOD.replace("channel: rr-uniform", "channel: rr-magic"), 8, "variables[0].channel",
                         "unknown channel"),
     "both alpha and gamma": (GOOD.replace("gamma: 3", "gamma: 3\n    alpha: 1"), 7, "variables[0]", "not both"),
-    "alpha zero": (GOOD.replace("alpha: 1.0", "alpha: 0"), 12, "variables[1].alpha", "> 0"),
-    "alpha negative": (GOOD.replace("alpha: 1.0", "alpha: -2"), 12, "variables[1].alpha", "> 0"),
+    "alpha zero": (GOOD.replace("alpha: 1.0", "alpha: 0"), 13, "variables[1].alpha", "> 0"),
+    "alpha negative": (GOOD.replace("alpha: 1.0", "alpha: -2"), 13, "variables[1].alpha", "> 0"),
     "gamma below one": (GOOD.replace("gamma: 3", "gamma: 0.5"), 9, "variables[0].gamma", "> 1"),
     "no level": (GOOD.replace("    gamma: 3\n", ""), 7, "variables[0]", "needs a privacy level"),
     "unknown field": (GOOD.replace("budget: 5", "budget: 5\nbudjet: 3"), 5, "budjet", "Extra inputs"),
     "missing field": (GOOD.replace("budget: 5\n", ""), 1, "budget", "required"),
     "wrong type": (GOOD.replace("budget: 5", "budget: lots"), 4, "budget", "valid number"),
     "budget exceeded": (GOOD.replace("budget: 5", "budget: 1.5"), 4, "budget", "over the budget"),
-    "duplicate variable": (GOOD.replace("column: size", "column: colour"), 10, "variables[1].column", "twice"),
+    "duplicate variable": (GOOD.replace("column: size", "column: colour"), 11, "variables[1].column", "twice"),
     "pass-through of a variable": (GOOD.replace("[region]\nvariables", "[region, colour]\nvariables"), 5,
                                    "passthrough[1]", "cannot also pass through"),
-    "stratum not released": (GOOD.replace("passthrough: [region]\n", ""), 12, "variables[1].strata[0]",
+    "stratum not released": (GOOD.replace("passthrough: [region]\n", ""), 13, "variables[1].strata[0]",
                              "stratum column"),
     "bad release name": (GOOD.replace("release: t1", "release: ../t1"), 1, "release", "letters"),
-    "custom not stochastic": (GOOD.replace("channel: rr-uniform\n    gamma: 3",
+    "custom not stochastic": (GOOD.replace("channel: rr-uniform\n    gamma: 3\n    categories: [blue, green, red]",
                                            "channel: pram-custom\n    categories: [red, blue]\n"
                                            "    matrix: [[0.9, 0.1], [0.5, 0.4]]"), 10, "variables[0].matrix[1]",
                               "sums to 0.9"),
-    "custom negative": (GOOD.replace("channel: rr-uniform\n    gamma: 3",
+    "custom negative": (GOOD.replace("channel: rr-uniform\n    gamma: 3\n    categories: [blue, green, red]",
                                      "channel: pram-custom\n    categories: [red, blue]\n"
                                      "    matrix: [[1.1, -0.1], [0.5, 0.5]]"), 10, "variables[0].matrix[0]",
                         "negative"),
     # rows 0 and 1 equal: rank 1 < 2, the published channel would be refused by every reader (pram_lib.core.codec)
-    "custom singular": (GOOD.replace("channel: rr-uniform\n    gamma: 3",
+    "custom singular": (GOOD.replace("channel: rr-uniform\n    gamma: 3\n    categories: [blue, green, red]",
                                      "channel: pram-custom\n    categories: [red, blue]\n"
                                      "    matrix: [[0.5, 0.5], [0.5, 0.5]]"), 10, "variables[0].matrix",
                         "singular or nearly so"),
-    "dp prior non-positive": (GOOD.replace("alpha: 1.0", "alpha: 1.0\n    prior: {dp: 0}"), 13,
+    "dp prior non-positive": (GOOD.replace("alpha: 1.0", "alpha: 1.0\n    prior: {dp: 0}"), 14,
                               "variables[1].prior.dp", "greater than 0"),
 }
 
@@ -132,14 +134,14 @@ def test_non_utf8_spec(folder):
 
 
 @pytest.mark.parametrize("name, edit, data, line, field, words", [
-    ("column missing from source", ("column: size", "column: shape"), None, 10, "variables[1].column",
+    ("column missing from source", ("column: size", "column: shape"), None, 11, "variables[1].column",
      "not in the source"),
     ("source missing", ("path: src.csv", "path: nowhere.csv"), None, 3, "source.path", "not found"),
     ("empty source", None, "colour,size,region\n", 3, "source.path", "no rows"),
     ("all-missing column", None, "colour,size,region\n,S,north\n,M,south\n", 7, "variables[0].column",
      "every value"),
-    ("value outside declared domain", ("gamma: 3", "gamma: 3\n    categories: [red, blue]"), None, 10,
-     "variables[0].categories", "outside the declared"),
+    ("value outside declared domain", ("categories: [blue, green, red]", "categories: [red, blue]"), None, 10,
+     "variables[0].categories", "outside its categories"),
     ("non-UTF-8 source", None, b"colour,size,region\ncaf\xe9,S,north\nred,M,south\n", 3, "source.path", "UTF-8"),
 ])
 def test_bad_source_is_located(folder, name, edit, data, line, field, words):
@@ -159,7 +161,7 @@ def test_stratify_orders_keys_and_indexes_rows():
     from pram_lib.families.categorical import FAMILY, _stratum_index
 
     df = pd.DataFrame({"r": ["b", "a", None, "b"], "c": ["x", "y", "x", "y"]})
-    v = SimpleNamespace(column="c", key="c", strata=["r"], categories=None)
+    v = SimpleNamespace(column="c", key="c", strata=["r"], categories=["x", "y"], missing="keep", channel="rr-uniform")
     vp = FAMILY.finish_profile(None, 0, v, FAMILY.profile_chunk(None, 0, v, df, 0, 0))
     assert vp.strata == [("a",), ("b",), (None,)]
     vplan = FAMILY.plan(v, SimpleNamespace(variables={"c": vp}))

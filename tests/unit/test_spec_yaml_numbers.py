@@ -20,7 +20,7 @@ source: {{path: src.csv}}
 budget: 1000
 passthrough: [region]
 variables:
-  - {{column: colour, channel: rr-uniform, gamma: 3.0}}
+  - {{column: colour, channel: rr-uniform, gamma: 3.0, categories: [blue, green, red]}}
   - column: size
     channel: pram-optimal
     alpha: {alpha}
@@ -29,7 +29,7 @@ variables:
 """
 
 
-def spec_file(tmp_path: Path, alpha: str = "1.0", public: str = "false", extra: str = "") -> Path:
+def spec_file(tmp_path: Path, alpha: str = "1.0", public: str = "true", extra: str = "") -> Path:
     synth.make_source(tmp_path / "src.csv")
     p = tmp_path / "spec.yaml"
     p.write_text(TEMPLATE.format(alpha=alpha, public=public) + extra)
@@ -86,9 +86,10 @@ def test_a_key_yaml_reads_as_a_boolean_is_refused(tmp_path):
 def test_two_merge_keys_in_one_mapping_are_refused(tmp_path):
     """The issue's case: the later `<<:` won silently (here: gamma 30 over the written-once 3)."""
     p = spec_file(tmp_path)
-    p.write_text(p.read_text().replace("  - {column: colour, channel: rr-uniform, gamma: 3.0}\n",
+    written = "  - {column: colour, channel: rr-uniform, gamma: 3.0, categories: [blue, green, red]}\n"
+    p.write_text(p.read_text().replace(written,
                                        "  - column: colour\n    <<: {channel: rr-uniform, gamma: 3.0}\n"
-                                       "    <<: {gamma: 30.0}\n"))
+                                       "    <<: {gamma: 30.0}\n    categories: [blue, green, red]\n"))
     err = refused(p)
     assert (err.line, err.column, err.field) == (7, 5, "variables[0].<<"), str(err)
     assert "merge key" in err.problem and "write the keys out" in err.fix

@@ -6,6 +6,7 @@ closed-form keep probabilities with binomial tolerances, power sums against nump
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks.census import write_census, write_spec
+from benchmarks.census import EDUCATION, MARITAL, REGION, write_census, write_spec
 from pram_lib.pipeline import release, stream
 from pram_lib.families.noise import central
 from pram_lib.core.randomness import ExactSums
@@ -266,6 +267,8 @@ variables:
     channel: rr-clusters
     alpha: 3.0
     clustering: {{public: [[marital_status, region], [education]]}}
+    categories: {{marital_status: {json.dumps(MARITAL)}, region: {json.dumps(REGION)},
+                 education: {json.dumps(EDUCATION)}}}
 """)
     spec = load_spec(path)
     _, plan, totals = _passes(spec, out_dir=tmp_path / "out")
@@ -297,6 +300,7 @@ variables:
     channel: rr-independent
     alpha: 2.0
     adjust: true
+    categories: {{marital_status: {json.dumps(MARITAL)}, region: {json.dumps(REGION)}}}
 """)
     with pytest.raises(SpecError) as e:
         load_spec(path)

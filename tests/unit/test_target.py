@@ -56,6 +56,7 @@ budget: {budget}
     name: grp
     channel: rr-independent
     target: {{halfwidth: 0.05}}
+    categories: {{g1: [p, q, r], g2: [m, n]}}
 """
 # The same targets planned at the planning prior's shares (`over: prior`): the closed forms below are at them.
 SPEC_PRIOR = (SPEC.replace("target: {{halfwidth: 0.05}}", "target: {{halfwidth: 0.05, over: prior}}")

@@ -50,6 +50,7 @@ variables:
     name: grp
     channel: rr-independent
     target: {{halfwidth: 0.05{over}}}
+    categories: {{g1: [p, q, r], g2: [m, n]}}
 """
 GROUP = {"g1": ["p", "q", "r"], "g2": ["m", "n"]}
 

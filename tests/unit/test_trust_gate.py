@@ -49,6 +49,7 @@ variables:
   - column: colour
     channel: rr-uniform
     gamma: 2
+    categories: [blue, red]
   - column: age
     channel: gamma-noise
     theta: 1
@@ -204,6 +205,7 @@ variables:
     channel: rr-uniform
     gamma: 3
     strata: [band]
+    categories: [blue, green, red]
 """
 
 
@@ -288,6 +290,7 @@ variables:
     channel: rr-uniform
     gamma: 3
     strata: [income]
+    categories: [blue, green, red]
 """
 
 

@@ -84,8 +84,8 @@ def test_category_NA_is_a_value_perturbed_like_any_other(tmp_path, mode):
     """'NA' (North America) is a category: it is profiled and released with k-RR's expected frequency
     n_NA·q + (n − n_NA − n_missing)·r; only the empty field is missing (and released missing)."""
     region_source(tmp_path)
-    spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "region", "channel": "rr-uniform", "alpha": 1.0}],
-                                engine_of(mode)))
+    spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "region", "channel": "rr-uniform", "alpha": 1.0,
+                                                     "categories": ["AS", "EU", "NA"]}], engine_of(mode)))
     prof, _, counts, missing = run(spec)
     vp = prof.variables["region"]
     assert vp.categories == ("AS", "EU", "NA")
@@ -106,7 +106,8 @@ def test_missing_category_perturbs_missing_values(tmp_path, mode):
     missing, and '<missing>' is released with k-RR's expected frequency over k = 4 categories."""
     region_source(tmp_path)
     spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "region", "channel": "rr-uniform", "alpha": 1.0,
-                                                     "missing": "category"}], engine_of(mode)))
+                                                     "missing": "category", "categories": ["AS", "EU", "NA"]}],
+                                engine_of(mode)))
     prof, a, counts, missing = run(spec)
     cats = prof.variables["region"].categories
     assert release.MISSING in cats and len(cats) == 4
@@ -138,7 +139,7 @@ def test_missing_category_with_declared_categories_and_strings_declared_missing(
 def test_real_value_equal_to_the_missing_label_is_refused(tmp_path):
     (tmp_path / "s.csv").write_text("region\n" + "NA\n<missing>\n\n" * 10)
     spec = load_spec(write_spec(tmp_path, "s.csv", [{"column": "region", "channel": "rr-uniform", "alpha": 1.0,
-                                                     "missing": "category"}]))
+                                                     "missing": "category", "categories": ["AS", "EU", "NA"]}]))
     with pytest.raises(SpecError) as info:
         stream.read_whole(spec)
     assert info.value.field == "variables[0].missing" and info.value.line is not None
@@ -158,8 +159,9 @@ def test_reports_state_how_missing_values_are_released(tmp_path):
     report gives the counts."""
     region_source(tmp_path)
     spec = load_spec(write_spec(tmp_path, "s.csv", [
-        {"column": "region", "channel": "rr-uniform", "alpha": 1.0},
-        {"column": "colour", "channel": "rr-uniform", "alpha": 1.0, "missing": "category"}]))
+        {"column": "region", "channel": "rr-uniform", "alpha": 1.0, "categories": ["AS", "EU", "NA"]},
+        {"column": "colour", "channel": "rr-uniform", "alpha": 1.0, "missing": "category",
+         "categories": ["blue", "red"]}]))
     prof = stream.profile_source(spec, 1)
     a = release.choose_channels(spec, prof, 1)
     text = publish.render_report(spec, a, pd.DataFrame(), {}, N, ["region", "colour"], "now", [])
@@ -176,7 +178,7 @@ def test_reports_state_how_missing_values_are_released(tmp_path):
 # -- 2 and 3. malformed sources -----------------------------------------------------------------------------
 ROWS = "".join(f"{c},{s},north,1\n" for c, s in [("red", "S"), ("blue", "M"), ("green", "L")] * 5)
 HEADER = "colour,size,region,score\n"
-VARS = [{"column": "colour", "channel": "rr-uniform", "alpha": 1.0}]
+VARS = [{"column": "colour", "channel": "rr-uniform", "alpha": 1.0, "categories": ["blue", "green", "red"]}]
 
 
 def read_all(spec) -> None:
@@ -241,7 +243,8 @@ def test_huge_levels_build_a_channel_within_the_level(tmp_path, level, channel):
     rng = np.random.default_rng(3)
     pd.DataFrame({"a": rng.choice(["x", "y", "z"], 3000), "b": rng.choice(["p", "q"], 3000)}).to_csv(
         tmp_path / "s.csv", index=False)
-    v = {"columns": ["a", "b"]} if channel.startswith("rr-") and channel != "rr-uniform" else {"column": "a"}
+    v = {"columns": ["a", "b"], "categories": {"a": ["x", "y", "z"], "b": ["p", "q"]}} \
+        if channel.startswith("rr-") and channel != "rr-uniform" else {"column": "a", "categories": ["x", "y", "z"]}
     spec = load_spec(write_spec(tmp_path, "s.csv", [{**v, "channel": channel, **level}], budget=2000.0))
     prof = stream.profile_source(spec, 5)
     a = release.choose_channels(spec, prof, 5)

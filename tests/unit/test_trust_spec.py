@@ -122,7 +122,7 @@ def test_released_names_are_unique(tmp_path, variables, passthrough, field, both
 def test_distinct_names_still_load(tmp_path):
     d = synth.spec_dict(tmp_path, passthrough=["region"], budget=9.0, variables=[
         {"column": "score", "channel": "laplace-noise", "eta": 2.0},
-        _group(columns=["colour", "size"], name="cs", adjust=True)])
+        synth.declared(_group(columns=["colour", "size"], name="cs", adjust=True))])
     assert load_spec(write(tmp_path, d)).variables[1].key == "cs"
 
 
@@ -295,7 +295,7 @@ def test_invariant_pram_data_prior_has_the_floor_too(tmp_path):
     """Invariant PRAM publishes a matrix whose invariant distribution IS the prior: the same floor."""
     synth.make_source(tmp_path / "src.csv", n=90)
     d = synth.spec_dict(tmp_path)
-    d["variables"][1] = {"column": "size", "channel": "pram-invariant", "min_diagonal": 0.6}
+    d["variables"][1] = synth.declared({"column": "size", "channel": "pram-invariant", "min_diagonal": 0.6})
     with pytest.raises(SpecError) as info:
         _choose(write(tmp_path, d))
     assert info.value.field == "variables[1].prior"
@@ -306,7 +306,8 @@ def test_strata_default_to_a_uniform_prior(tmp_path):
     (q = e^α/(e^α + S - 1)), whatever the stratum's frequencies, and however small the stratum."""
     _small_stratum_source(tmp_path, 30)
     d = synth.spec_dict(tmp_path)
-    d["variables"][1] = {"column": "size", "channel": "pram-optimal", "alpha": 1.0, "strata": ["region"]}
+    d["variables"][1] = synth.declared({"column": "size", "channel": "pram-optimal", "alpha": 1.0,
+                                        "strata": ["region"]})
     p = write(tmp_path, d)
     assert load_spec(p).variables[1].prior == "uniform"
     chosen = [a for a in _choose(p) if a.column == "size"]
@@ -342,8 +343,8 @@ def test_check_command_refuses_a_small_stratum(tmp_path, capsys):
 
 
 # -- 5. one population, one ledger ------------------------------------------------------------------------------
-EXACT = [{"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
-         {"column": "size", "channel": "rr-uniform", "alpha": 1.0}]
+EXACT = [synth.declared({"column": "colour", "channel": "rr-uniform", "gamma": 3.0}),
+         synth.declared({"column": "size", "channel": "rr-uniform", "alpha": 1.0})]
 EPS = math.log(3) + 1.0
 
 
