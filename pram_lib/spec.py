@@ -577,9 +577,10 @@ def _hard_links(paths: list[Path]) -> dict[tuple[int, int], Path]:
 
 
 def _check_locations(spec: ReleaseSpec) -> None:
-    """`output:` and `private_store:` are folders, and where releases are published (`output:`) shares nothing with the private store (seeds, ledger, audit log,
-    internal reports), the source, the ledger or the population registry: every path resolved (symlinks
-    included, Path.resolve), and no symlink inside either tree leads into the other."""
+    """`output:` and `private_store:` are folders and the source is not; where releases are published (`output:`)
+    shares nothing with the private store (seeds, ledger, audit log, internal reports), the source, the ledger or
+    the population registry: every path resolved (symlinks included, Path.resolve), and no symlink inside either
+    tree leads into the other."""
     store, out = spec.resolve(spec.private_store).resolve(), spec.resolve(spec.output).resolve()
     for field, folder in (("output", out), ("private_store", store)):
         if folder.exists() and not folder.is_dir():
@@ -587,6 +588,9 @@ def _check_locations(spec: ReleaseSpec) -> None:
                              f"name a folder (it is created if missing), e.g. `{field}: "
                              f"{'releases' if field == 'output' else 'private'}`")
     source = spec.resolve(spec.source.path).resolve()
+    if source.is_dir():
+        raise spec.error(("source", "path"), f"the source is a folder, not a file: {source}", spec.source.path,
+                         "name the CSV or Parquet file itself")
     if _inside(source, out):
         raise spec.error(("source", "path"), f"the confidential source lies inside the output folder ({out}), "
                          "where releases are published", str(source),

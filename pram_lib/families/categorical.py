@@ -247,8 +247,8 @@ def check_declared_domain(spec, i: int, v) -> None:
     cats, how = domain
     loc = ("variables", i, "categories") if v.categories is not None else ("variables", i, "prior", "file")
     if len(set(cats)) != len(cats):
-        raise spec.error(loc, "categories repeat (as text)", sorted({c for c in cats if cats.count(c) > 1})[:10],
-                         "name each category once")
+        raise spec.error(loc, "categories repeat once read as text (the source's values are text: 1 and '1' are "
+                         "one category)", sorted({c for c in cats if cats.count(c) > 1})[:10], "name each category once")
     if len(cats) < 2:
         raise spec.error(loc, f"needs at least 2 categories, {how} gives {len(cats)}", list(cats),
                          "declare every category of the variable")

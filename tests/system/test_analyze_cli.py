@@ -313,10 +313,12 @@ variables:
     channel: pram-optimal
     alpha: 1.0
     strata: [sex]
+    categories: [u, v, w]
   - columns: [g1, g2, g3]
     name: grp
     channel: rr-clusters
     alpha: 3.0
+    categories: {g1: [s, t], g2: [m, o], g3: [h, i, j]}
     clustering:
       public: [[g1, g2], [g3]]
 """

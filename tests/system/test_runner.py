@@ -119,7 +119,8 @@ def test_bad_input_through_the_runner_is_the_same_one_message(warm, tmp_path):
 
 
 def test_another_environment_runs_cold_and_says_why(warm, tmp_path):
-    env = {**warm["env"], "PRAM_RELEASE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    # 2: differs from the runner's environment whether or not an earlier Dask test left OMP_NUM_THREADS=1 in it
+    env = {**warm["env"], "PRAM_RELEASE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "2"}
     out, cpu = _cli(["run", str(_spec(tmp_path / "e", "runner-e")), "--seed", "5"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "the warm runner did not take this run: the environment differs in OMP_NUM_THREADS" in out.stderr

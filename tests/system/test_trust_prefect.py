@@ -464,15 +464,16 @@ PLANTED_BUG = "mauve-bug-k3v"      # a raw value quoted by a programming error's
 
 
 def _odd_category_spec(tmp: Path, name: str, engine: dict) -> Path:
-    """A spec declaring colour's categories, and a source where one record has another (a located SpecError
-    whose `found:` is that raw value)."""
-    spec = _release_folder(tmp, name, engine)
+    """A spec declaring a pass-through column `n` as int64, and a source where one record holds text there: the
+    reader's located SpecError quotes that raw value (`found:`). A value
+    outside declared categories is counted, never quoted, so it cannot serve here."""
+    spec = _release_folder(tmp, name, engine, passthrough=["region", "n"])
     d = yaml.safe_load(spec.read_text())
-    d["variables"][0] = {"column": "colour", "channel": "rr-uniform", "gamma": 3.0,
-                         "categories": ["red", "green", "blue"]}
+    d["source"]["dtypes"] = {"n": "int64"}
     spec.write_text(yaml.safe_dump(d))
     df = pd.read_csv(spec.parent / "src.csv")
-    df.loc[5, "colour"] = ODD_CATEGORY
+    df["n"] = "1"
+    df.loc[5, "n"] = ODD_CATEGORY
     df.to_csv(spec.parent / "src.csv", index=False)
     return spec
 

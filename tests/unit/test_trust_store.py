@@ -119,8 +119,8 @@ def test_a_second_entry_vouching_for_the_same_manifest_fails_too(published):
 
 
 # -- item 6: the private store and the published tree share nothing, through any symlink ------------------------
-EXACT = [{"column": "colour", "channel": "rr-uniform", "gamma": 3.0},
-         {"column": "size", "channel": "rr-uniform", "alpha": 1.0}]
+EXACT = [synth.declared({"column": "colour", "channel": "rr-uniform", "gamma": 3.0}),
+         synth.declared({"column": "size", "channel": "rr-uniform", "alpha": 1.0})]
 EPS = math.log(3) + 1.0          # ε of gamma 3 (α = ln γ) plus α = 1, composed sequentially
 
 
