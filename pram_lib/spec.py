@@ -15,7 +15,7 @@ from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, V
                       field_validator, model_validator)
 
 from pram_lib.core.strict import DECIMAL, Strict as _Strict
-from pram_lib.families import BY_CHANNEL, REGISTRY, family_of
+from pram_lib.families import BY_CHANNEL, family_of, spec_model_of, spec_models
 from pram_lib.families.base import LEAK_FIX, TARGET_FIX, Target, leak_problem  # noqa: F401 (re-exported)
 from pram_lib.families.categorical import MIN_PRIOR_ROWS, PriorDP, PriorFile  # noqa: F401 (re-exported)
 from pram_lib.families.group import Clustering  # noqa: F401 (re-exported)
@@ -103,19 +103,19 @@ def _shape(raw: Any) -> Any:
     if not isinstance(raw, dict) or not isinstance(raw.get("channel"), str) or raw["channel"] not in BY_CHANNEL:
         return raw   # an unknown or missing channel: the union says so
     channel = raw["channel"]
-    model = BY_CHANNEL[channel].spec_model
+    model = spec_model_of(channel)
     own = set(model.model_fields)
     if ("column" in raw) == ("columns" in raw):
         raise ValueError("give `column:` (one variable) or `columns:` (a group with an rr-independent, "
                          "rr-joint or rr-clusters channel), exactly one")
-    groups = [c for f in REGISTRY if "columns" in f.spec_model.model_fields for c in f.channels]
+    groups = [c for c, m in spec_models() if "columns" in m.model_fields]
     if "columns" in raw and "columns" not in own:
         raise ValueError(f"a group (`columns:`) needs channel {', '.join(groups)}, not {channel}")
     if "column" in raw and "column" not in own:
         raise ValueError(f"{channel} randomizes a group: use `columns: [a, b, ...]` instead of `column:`")
     foreign = set(raw) - own
     if foreign:
-        owners = {k: f.kind for f in REGISTRY for k in f.spec_model.model_fields}
+        owners = {k: BY_CHANNEL[c].kind for c, m in spec_models() for k in m.model_fields}
         problem = model.foreign_problem(channel, foreign, owners)
         if problem:
             raise ValueError(problem)
@@ -128,7 +128,7 @@ def _channel_of(raw: Any) -> str | None:
 
 
 # A variable is read by the model of the family its `channel:` names (one tagged member per channel name).
-VariableSpec = Annotated[Annotated[Union[tuple(Annotated[f.spec_model, Tag(c)] for f in REGISTRY for c in f.channels)],
+VariableSpec = Annotated[Annotated[Union[tuple(Annotated[m, Tag(c)] for c, m in spec_models())],
                                    Discriminator(_channel_of)], BeforeValidator(_shape)]
 
 
