@@ -410,6 +410,9 @@ class Group(Family):
     def text_columns(self, v):
         return list(v.columns)
 
+    def clean(self, spec, i, v, df):
+        return None   # read as text, checked against the declared categories when profiled
+
     def profile_chunk(self, spec, i, v, df, start, seed):
         return GroupPart([count_values(df, [c]) for c in v.columns],
                          df[list(v.columns)] if self.entries[v.channel].measures_dependence(v) else None)
@@ -468,6 +471,9 @@ class Group(Family):
             stats.missing[v.weight_column] = 0
         return columns, stats
 
+    def continuous(self, plan, v, assignments, stats, sample, level):
+        return None
+
     def estimates(self, plan, v, assignments, stats, level):
         return group_marginals(None, assignments[0].channel, level, stats.attributes)
 
@@ -521,6 +527,9 @@ class Group(Family):
 
     def report_section(self, spec, entries, numeric_summary):
         return report_section(spec, [a for _, alist in entries for a in alist], self.entries)
+
+    def utility_rows(self, v, assignments, tvd):
+        return []   # a group's source-vs-estimate comparison is confidential: internal_section
 
     def describe(self, v, assignments):
         return f"{v.channel}: {len(assignments[0].channel.clusters)} clusters"

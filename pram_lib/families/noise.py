@@ -560,6 +560,27 @@ class Noise(Family):
     def check_spec(self, spec, i, v):
         self.entries[v.channel].check(spec, i, v)
 
+    def static_epsilon(self, v):
+        return self.entries[v.channel].privacy(v).spends   # not DP: no ε
+
+    def epsilon_from_data(self, v):
+        return False
+
+    def released_names(self, v, i):
+        return [(v.column, ("variables", i, "column"), "a variable")]
+
+    def check_streamable(self, spec, i, v, mode):
+        return None   # power sums, extremes and a bottom-k sample fold over chunks
+
+    def public_domain(self, spec, i, v):
+        return None   # numbers: no categories
+
+    def domain_label(self, v):
+        return None
+
+    def text_columns(self, v):
+        return []
+
     def clean(self, spec, i, v, df):
         df[v.column] = numeric_column(spec, i, v, df[v.column])
 
@@ -597,6 +618,12 @@ class Noise(Family):
                            (int(np.count_nonzero(np.abs(z - x) < window(v, a.channel))), int(live.size)))
         return {v.column: z}, stats
 
+    def estimates(self, plan, v, assignments, stats, level):
+        return []   # no categories: its estimates are the curves and moments of `continuous`
+
+    def tables(self, plan, v, assignments, stats, level):
+        return []
+
     def continuous(self, plan, v, assignments, stats, sample, level):
         (a,) = assignments
         curves, summary = estimate_distributions(sample, [a], plan.spec, level)
@@ -626,6 +653,12 @@ class Noise(Family):
 
     def missing_rule(self, v):
         return "released as missing, without noise"
+
+    def privacy_rows(self, spec, v, assignments):
+        return []   # not DP: the continuous section of the report says what it gives
+
+    def utility_rows(self, v, assignments, tvd):
+        return []
 
     def describe(self, v, assignments):
         ch = assignments[0].channel
