@@ -22,7 +22,7 @@ from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import encode
 from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.guarantee import LDP
-from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
+from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
 from pram_lib.core.randomness import at_row
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
