@@ -40,7 +40,7 @@ from pram_lib.families import entry_of, family_of
 from pram_lib.families.base import Target
 from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
                                            count_values, declared_categories, prior_reference)
-from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart
+from pram_lib.families.group import MAX_PAIR_CELLS
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
 GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
@@ -208,15 +208,11 @@ def source_domains(spec: ReleaseSpec, keys: set[str]) -> dict[str, object]:
     parts: dict[str, object] = {}
     for ref, df in stream.iter_chunks(spec):
         for i, v in wanted:
-            if family_of(v).kind == "group":
-                part = GroupPart([count_values(df, [c]) for c in v.columns])
-            else:
-                part = family_of(v).profile_chunk(spec, i, v, df, ref.start, 0)
+            part = family_of(v).profile_chunk(spec, i, v, df, ref.start, 0)
             parts[v.key] = part if v.key not in parts else parts[v.key] + part
     out = {}
-    for i, v in wanted:
-        empty = GroupPart([Counter() for _ in v.columns]) if family_of(v).kind == "group" else Counter()
-        profile = family_of(v).finish_profile(spec, i, v, parts.get(v.key, empty))
+    for i, v in wanted:   # (a group is never here: its domains are always declared, Group.public_domain)
+        profile = family_of(v).finish_profile(spec, i, v, parts.get(v.key, Counter()))
         out[v.key] = profile.categories
     return out
 
@@ -650,9 +646,8 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
                                     "planned without it"))
             continue
         if v.key not in domains:
-            why = ("a group's domains are its columns' values in the source" if kind == "group" else
-                   "the domain is not declared (`categories:`)")
-            out.append(VariablePlan(v.key, v.channel, kind, not_planned=f"{why}, and the source was not opened"))
+            out.append(VariablePlan(v.key, v.channel, kind, not_planned="the domain is not declared (`categories:`), "
+                                    "and the source was not opened"))
             continue
         cats, how = domains[v.key]
         n, n_from = n_of[v.key]
