@@ -8,14 +8,14 @@ RR-Adjustment, the released codes and weights (a one-chunk feature).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from abc import abstractmethod
-from typing import ClassVar, Literal, Union
+from typing import ClassVar, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
@@ -24,7 +24,6 @@ from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
 from pram_lib.core.randomness import at_row
-from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
 from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct, unresolved_target_error
 from pram_lib.families.categorical import count_values
@@ -35,25 +34,6 @@ MAX_PAIR_CELLS = 1_000_000  # 2-way tables of a group are kept for pairs with at
 
 
 # -- the spec of a group -------------------------------------------------------------------------------
-class Clustering(Strict):
-    """How rr-clusters finds its clusters (Algorithm 1 of Domingo-Ferrer & Soria-Comas)."""
-
-    T_v: float = Field(default=1000, gt=1, description="largest cluster domain (product of category counts)")
-    T_d: float = Field(default=0.1, ge=0, le=1, description="smallest Cramér's V that links two attributes")
-    measure: Literal["pairs", "attributes"] = "pairs"
-    alpha: float | None = Field(default=None, gt=0, description="ε spent measuring dependence on randomized data")
-    public: list[list[str]] | None = Field(default=None, description="clusters declared public (no ε spent)")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "Clustering":
-        if self.public is None and self.alpha is None:
-            raise ValueError("the dependence is measured on randomized data: give its budget `alpha:` "
-                             "(or declare the clusters public with `public: [[a, b], [c]]`)")
-        if self.public is not None and self.alpha is not None:
-            raise ValueError("public clusters spend no budget: drop `alpha:` or `public:`")
-        return self
-
-
 class GroupVariable(StatedLevel):
     """A group of categorical variables randomized together (Multi-RR): what every group channel's spec has.
     Each group entry's model adds its `channel:` tag and its own fields (rr-clusters: `clustering:`)."""

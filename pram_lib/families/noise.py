@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
 from abc import abstractmethod
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import numpy as np

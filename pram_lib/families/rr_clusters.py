@@ -6,13 +6,33 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.core.model import keyed_generator
-from pram_lib.families.group import Clustering, GroupEntry, GroupVariable, clusters_note
+from pram_lib.core.strict import Strict
+from pram_lib.families.group import GroupEntry, GroupVariable, clusters_note
 
 DEPENDENCE = 2   # randomness key purpose: measuring dependence on randomized data
+
+
+class Clustering(Strict):
+    """How rr-clusters finds its clusters (Algorithm 1 of Domingo-Ferrer & Soria-Comas)."""
+
+    T_v: float = Field(default=1000, gt=1, description="largest cluster domain (product of category counts)")
+    T_d: float = Field(default=0.1, ge=0, le=1, description="smallest Cramér's V that links two attributes")
+    measure: Literal["pairs", "attributes"] = "pairs"
+    alpha: float | None = Field(default=None, gt=0, description="ε spent measuring dependence on randomized data")
+    public: list[list[str]] | None = Field(default=None, description="clusters declared public (no ε spent)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Clustering":
+        if self.public is None and self.alpha is None:
+            raise ValueError("the dependence is measured on randomized data: give its budget `alpha:` "
+                             "(or declare the clusters public with `public: [[a, b], [c]]`)")
+        if self.public is not None and self.alpha is not None:
+            raise ValueError("public clusters spend no budget: drop `alpha:` or `public:`")
+        return self
 
 
 class RRClustersVariable(GroupVariable):
