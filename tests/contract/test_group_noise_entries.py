@@ -24,6 +24,7 @@ from pram_lib.channels import multi_rr as mr
 from pram_lib.core.codec import check_entry
 from pram_lib.core.guarantee import LDP, NotDP
 from pram_lib.families import BY_NAME, entry_of, family_of
+from pram_lib.families.entry import FromData
 from pram_lib.families.group import GroupEntry
 from pram_lib.families.noise import NoiseEntry
 from pram_lib.pipeline import release, stream
@@ -132,3 +133,19 @@ def test_noise_planning_variance_is_the_mean_estimators(tmp_path, name):
     predicted = entry_of(v).planning_variance(a.channel, 400.0, N)
     assert predicted == pytest.approx((400.0 + a.channel.theta * (a.channel.theta + 1) * a.channel.eta ** 2) / N)
     assert abs(means.var(ddof=1) / predicted - 1) <= TOLERANCE
+
+
+def test_a_group_target_is_known_once_resolved(tmp_path):
+    """Before its `target:` is resolved a group claims only the ε the spec fixes (measuring dependence); the
+    budget bounds the rest."""
+    variable, df = EXAMPLES["rr-clusters"]()
+    variable = {**variable, "clustering": {"T_v": 30, "T_d": 0.3, "alpha": 0.4}, "target": {"halfwidth": 0.05}}
+    del variable["alpha"]
+    df.to_csv(tmp_path / "src.csv", index=False)
+    doc = {"release": "entries", "source": {"path": "src.csv"}, "output": str(tmp_path / "out"),
+           "private_store": str(tmp_path / "private"), "budget": 10.0, "rows": 600, "variables": [variable]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    v = load_spec(tmp_path / "s.yaml").variables[0]
+    claim = entry_of(v).privacy(v)
+    assert isinstance(claim, FromData) and claim.spends == 0.4
+    assert family_of(v).epsilon_from_data(v) and family_of(v).static_epsilon(v) == 0.4
