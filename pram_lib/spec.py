@@ -18,7 +18,7 @@ from pram_lib.core.strict import DECIMAL, Strict as _Strict
 from pram_lib.families import BY_CHANNEL, family_of, spec_model_of, spec_models
 from pram_lib.families.base import LEAK_FIX, TARGET_FIX, Target, leak_problem  # noqa: F401 (re-exported)
 from pram_lib.families.categorical import MIN_PRIOR_ROWS, PriorDP, PriorFile  # noqa: F401 (re-exported)
-from pram_lib.families.group import Clustering  # noqa: F401 (re-exported)
+from pram_lib.families.rr_clusters import Clustering  # noqa: F401 (re-exported)
 from pram_lib.families.noise import Protection  # noqa: F401 (re-exported)
 
 CHANNELS = tuple(BY_CHANNEL)   # every `channel:` a spec may name: the family registry's

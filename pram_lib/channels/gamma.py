@@ -1054,6 +1054,9 @@ def _binning_error(x, A, bins, resolution, delta, s, grid, etas, theta_s, ev) ->
 # =============================================================================================
 # 7. The channel
 # =============================================================================================
+PROTECTION_MEASURE = "posterior mass of the window |X - Z| < Q·sd(X) (Ghatak, Sengupta & Roy)"   # what NotDP names
+
+
 @dataclass(frozen=True, eq=False)
 class NoiseChannel:
     """Additive two-sided Gamma noise Z = X + Y, Y ~ two-sided Gamma(ϑ = theta, scale η = eta).
@@ -1139,7 +1142,7 @@ class NoiseChannel:
     def guarantee(self) -> NotDP:
         """Not differential privacy: the Ghatak–Sengupta–Roy level sup_z P(|X - Z| < Q·sd(X) | Z = z) ≤ δ."""
         d = self.details
-        return NotDP("posterior mass of the window |X - Z| < Q·sd(X) (Ghatak, Sengupta & Roy)",
+        return NotDP(PROTECTION_MEASURE,
                      {k: d[k] for k in ("Q", "delta") if k in d})
 
     def __repr__(self) -> str:

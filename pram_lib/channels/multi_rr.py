@@ -869,13 +869,45 @@ def _estimate_keep(k: int, keep: float, counts: np.ndarray, level: float, name: 
             "upper": np.array(e.upper), "projected": np.array(e.projected), "mle": np.array(e.mle)}
 
 
-def _sub_keep(channel: GroupChannel, cluster: int, sub: Sequence[int]) -> tuple[int, float]:
+def sub_keep(channel: GroupChannel, cluster: int, sub: Sequence[int]) -> tuple[int, float]:
     """(K_sub, keep) of the released sub-tuple ``sub`` of a cluster: again K-ary RR (module docstring)."""
     kc = channel.cluster_sizes[cluster]
     ks = int(np.prod([channel.sizes[j] for j in sub], dtype=object))
     kr = kc // ks
     p, q = channel.keep[cluster], channel.move[cluster]
     return ks, p + (kr - 1) * q
+
+
+def krr_coefficients(k: int, keep: float) -> tuple[float, float]:
+    """(C[x, x], C[x, z ≠ x]) of K-ary RR (keep, each other cell move = (1 − keep)/(k − 1)), C the matrix with
+    n Var(p̂_x) = (C p)_x − p_x² for every truth p: M = d I + move 11^T and G = (I − move 11^T)/d with
+    d = keep − move, so C = (G∘G) M = ((1 − 2 move) M + move² 11^T)/d²."""
+    if k < 2:   # one category: its share is 1, estimated without error
+        return 1.0, 0.0
+    move = (1.0 - keep) / (k - 1)
+    d = keep - move
+    return ((1.0 - 2.0 * move) * keep + move * move) / d ** 2, ((1.0 - 2.0 * move) * move + move * move) / d ** 2
+
+
+def rr_table_variance(P: np.ndarray, keeps, n: float) -> np.ndarray:
+    """Var of each cell's unbiased estimate for a table P whose axis t goes through its own K_t-ary RR (keep
+    keeps[t], each other cell (1 − keep)/(K_t − 1)), the axes independently: the Kronecker channel.
+
+    With d = keep − move and q = move, M_t = d I + q 11^T and G_t = (I − q 11^T)/d, so G_t∘G_t =
+    ((1 − 2q) I + q² 11^T)/d² and n Var = (⊗_t G_t∘G_t) m − P², m = (⊗_t M_t^T) P; O(cells) per axis."""
+    P = np.asarray(P, dtype=float)
+    m = P
+    steps = []
+    for axis, keep in enumerate(keeps):
+        k = P.shape[axis]
+        q = (1.0 - keep) / (k - 1) if k > 1 else 0.0
+        d = keep - q
+        m = d * m + q * m.sum(axis=axis, keepdims=True)
+        steps.append((axis, q, d))
+    a = m
+    for axis, q, d in steps:
+        a = ((1.0 - 2.0 * q) * a + q * q * a.sum(axis=axis, keepdims=True)) / (d * d)
+    return np.maximum(a - P * P, 0.0) / n
 
 
 def _frame(channel: GroupChannel, attrs: Sequence[int], cols: dict[str, np.ndarray], **meta) -> pd.DataFrame:
@@ -960,7 +992,7 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
         raise ValueError(f"method must be 'unbiased', 'independence' or 'adjusted', got {method!r}")
     if len(groups) == 1:
         (ci, sub), = groups.items()
-        k, keep = _sub_keep(channel, ci, sub)
+        k, keep = sub_keep(channel, ci, sub)
         c = np.bincount(_cells(x, idx, channel.sizes), minlength=k) if counts is None else counts
         est = _estimate_keep(k, keep, c, level, "+".join(channel.attributes[j] for j in idx))
         meta["method"] = "within-cluster"
@@ -973,7 +1005,7 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
                              f"(at most {KRON_MAX_CELLS} cells); use method='independence' or 'adjusted'")
         mat = np.ones((ktot, ktot))
         for ci, sub in groups.items():
-            k, keep = _sub_keep(channel, ci, sub)
+            k, keep = sub_keep(channel, ci, sub)
             same = np.all(cell_codes[[pos[j] for j in sub]][:, :, None] ==
                           cell_codes[[pos[j] for j in sub]][:, None, :], axis=0)
             mat *= np.where(same, keep, _move(k, keep))
@@ -987,7 +1019,7 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
     # independence: product of the per-cluster estimates, delta-method se
     parts = []
     for ci, sub in groups.items():
-        k, keep = _sub_keep(channel, ci, sub)
+        k, keep = sub_keep(channel, ci, sub)
         if counts is None:
             c = np.bincount(_cells(x, sub, channel.sizes), minlength=k)
         else:  # sum the idx-cell counts over the attributes outside `sub`

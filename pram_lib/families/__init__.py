@@ -10,16 +10,28 @@ release; the engine, the gate, the estimates and channels.json reach channels on
 
 from __future__ import annotations
 
-from pram_lib.families import categorical, group, noise
+from pram_lib.families import (categorical, gamma_noise, group, laplace_noise, noise, rr_clusters, rr_independent,
+                               rr_joint)
 from pram_lib.families.base import Family
 from pram_lib.families.entry import ChannelEntry
 
-REGISTRY: tuple[Family, ...] = (categorical.FAMILY, group.FAMILY, noise.FAMILY)   # the kind drivers
-DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
-
 ENTRIES: tuple[ChannelEntry, ...] = (
+    rr_independent.RRIndependent(),
+    rr_joint.RRJoint(),
+    rr_clusters.RRClusters(),
+    gamma_noise.GammaNoise(),
+    laplace_noise.LaplaceNoise(),
 )
 BY_NAME: dict[str, ChannelEntry] = {e.name: e for e in ENTRIES}
+
+
+def _of_kind(kind: str) -> dict[str, ChannelEntry]:
+    return {e.name: e for e in ENTRIES if e.kind == kind}
+
+
+REGISTRY: tuple[Family, ...] = (categorical.FAMILY, group.Group(_of_kind("group")),
+                                noise.Noise(_of_kind("continuous")))   # the kind drivers
+DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
 
 BY_CHANNEL: dict[str, Family] = {**{name: f for f in REGISTRY for name in f.channels},
                                  **{e.name: DRIVERS[e.kind] for e in ENTRIES}}

@@ -13,7 +13,8 @@ in any grouping and order; per-row randomness makes the result the same for any 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -30,139 +31,144 @@ class ChunkStats(Protocol):
     def __add__(self, other: Any) -> Any: ...
 
 
-class Family:
-    """One family of channels: base class with the defaults (no tables, no curves)."""
+class Family(ABC):
+    """One kind of channels (categorical, group, continuous): the driver the engine runs every variable of that
+    kind through. Abstract: a driver defines every method below (returning [] or None where it has nothing), so a
+    driver lacking one cannot be instantiated, and the registry instantiates the drivers when it is imported."""
 
-    kind: str = ""                 # how reports name it: categorical, group, continuous
-    channels: tuple[str, ...] = ()  # the spec's `channel:` names it serves
-    slot: str = ""                 # where its profile entries live in Profile (variables, groups, numeric)
+    kind: ClassVar[str]            # how reports name it: categorical, group, continuous
+    channels: tuple[str, ...] = ()  # the spec's `channel:` names it serves (transitional: names not yet entries)
+    slot: ClassVar[str]            # where its profile entries live in Profile (variables, groups, numeric)
     spec_model: type = object      # its variables' spec (a pydantic model; `channel` is its Literal tag)
 
     # -- the spec (no data read) ----------------------------------------------------------------------
+    @abstractmethod
     def check_spec(self, spec, i: int, v) -> None:
         """Rules that need the whole spec (pass-through columns, a matrix's rows)."""
 
+    @abstractmethod
     def static_epsilon(self, v) -> float:
         """ε per record the spec states (0: no DP claimed)."""
-        return 0.0
 
+    @abstractmethod
     def epsilon_from_data(self, v) -> bool:
         """Whether the channel's ε is known only once it is chosen from the data (then the budget bounds it)."""
-        return False
 
+    @abstractmethod
     def released_names(self, v, i: int) -> list[tuple[str, tuple, str]]:
         """(released column or name, its spec location, what it is) for every name the variable claims."""
-        return [(v.column, ("variables", i, "column"), "a variable")]
 
+    @abstractmethod
     def check_streamable(self, spec, i: int, v, mode: str) -> None:
         """Refuse what needs the whole table in one chunk when `mode` reads many chunks."""
 
+    @abstractmethod
     def public_domain(self, spec, i: int, v) -> tuple[object, str] | None:
         """(the released categories, where they come from) when public information fixes them (read from the spec
         and public files, never the source); None when the family has no categories or takes them from the source
         (a variable the spec declares public). A categorical domain read from the source is refused: it is a
         statistic of the confidential data."""
-        return None
 
+    @abstractmethod
     def domain_label(self, v) -> str | None:
         """Where the variable's categories come from, in words (channels.json `domain`, the report)."""
-        return None
 
     # -- reading ----------------------------------------------------------------------------------------
+    @abstractmethod
     def text_columns(self, v) -> list[str]:
         """Source columns read as text (categories)."""
-        return []
 
+    @abstractmethod
     def clean(self, spec, i: int, v, df: pd.DataFrame) -> None:
         """Check and convert the variable's columns of a chunk as read (in place)."""
 
     # -- pass 1 -------------------------------------------------------------------------------------
+    @abstractmethod
     def profile_chunk(self, spec, i: int, v, df: pd.DataFrame, start: int, seed: int) -> Any:
         """Foldable profile of one chunk (rows start .. start + len(df) of the source)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish_profile(self, spec, i: int, v, part: Any) -> Any:
         """The profile entry the chooser takes, from the folded parts."""
-        raise NotImplementedError
 
     # -- choice ----------------------------------------------------------------------------------------
+    @abstractmethod
     def choose(self, spec, i: int, v, profile, seed: int) -> list:
         """The variable's assignments (one per stratum)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def plan(self, v, profile) -> Any:
         """What pass 2 needs besides the channels (category orders, stratum numbers, centring)."""
-        return None
 
     # -- pass 2 ----------------------------------------------------------------------------------------
+    @abstractmethod
     def perturb_chunk(self, plan, i: int, v, df: pd.DataFrame, start: int) -> tuple[dict, ChunkStats]:
         """The chunk's released columns {name: values} and its statistics."""
-        raise NotImplementedError
 
     # -- from the folded statistics --------------------------------------------------------------------
+    @abstractmethod
     def estimates(self, plan, v, assignments: list, stats: ChunkStats, level: float) -> list[pd.DataFrame]:
         """Rows of estimates.csv (estimated distributions with intervals at `level`)."""
-        return []
 
+    @abstractmethod
     def tables(self, plan, v, assignments: list, stats: ChunkStats, level: float) -> list[pd.DataFrame]:
         """Rows of tables.csv (estimated joint tables)."""
-        return []
 
+    @abstractmethod
     def continuous(self, plan, v, assignments: list, stats: ChunkStats, sample: pd.DataFrame | None,
                    level: float) -> tuple[pd.DataFrame, dict] | None:
         """Deconvolved curves and a numeric_summary.csv row, for continuous variables."""
-        return None
 
+    @abstractmethod
     def declared_columns(self, spec, v, profile, assignments: list) -> dict[str, dict]:
         """What each released column of the variable must look like (the gate's expectations)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def gate_tests(self, spec, v, profile, plan, assignments: list, stats: ChunkStats,
                    level: float) -> tuple[list[dict], list[dict]]:
         """(statistical tests, which Holm's procedure corrects; exact checks over every row)."""
-        return [], []
 
+    @abstractmethod
     def channel_entries(self, spec, v, assignments: list) -> list[dict]:
         """The variable's entries of channels.json (public facts only)."""
-        raise NotImplementedError
 
     # -- reports: report.md (public facts only) -------------------------------------------------------
+    @abstractmethod
     def missing_rule(self, v) -> str:
         """How the variable's missing values are released (a rule, no count)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def privacy_rows(self, spec, v, assignments: list) -> list[str]:
         """Rows of the report's privacy table (ε-DP variables)."""
-        return []
 
+    @abstractmethod
     def report_section(self, spec, entries: list[tuple], numeric_summary: pd.DataFrame | None) -> list[str]:
         """The family's own section of report.md, for its (variable, assignments) entries."""
-        return []
 
+    @abstractmethod
     def describe(self, v, assignments: list) -> str:
         """The variable's channel in a few words (the UI's variables table)."""
-        return v.channel
 
+    @abstractmethod
     def check_line(self, a) -> str:
         """One line of `pram-release check` for an assignment: stratum, size, ε, γ, MI, method."""
-        raise NotImplementedError
 
+    @abstractmethod
     def utility_rows(self, v, assignments: list, tvd: dict) -> list[str]:
         """Rows of the report's utility table."""
-        return []
 
     # -- the internal report (confidential: source against estimate) ----------------------------------
-    internal_key: str = ""          # its list in internal.json
+    internal_key: ClassVar[str]     # its list in internal.json
 
+    @abstractmethod
     def source_missing(self, v, profile) -> int:
         """Missing values of the variable in the source."""
-        raise NotImplementedError
 
+    @abstractmethod
     def internal_section(self, spec, entries: list[tuple], profile, overall: pd.DataFrame, stats: dict,
                          tables: pd.DataFrame | None, curves: pd.DataFrame | None,
                          summary: pd.DataFrame | None) -> tuple[list[str], list[dict]]:
         """(markdown lines, rows for internal.json) comparing the source with the release's estimates."""
-        return [], []
 
 
 PRIORS_FOR_REPORT = (0.01, 0.10, 0.50)   # the report's intruder priors

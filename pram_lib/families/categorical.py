@@ -641,6 +641,25 @@ class Categorical(Family):
             out.append(d)
         return out
 
+    # -- what a categorical variable does not have (Family is abstract: every method is stated) --------------
+    def released_names(self, v, i):
+        return [(v.column, ("variables", i, "column"), "a variable")]
+
+    def check_streamable(self, spec, i, v, mode):
+        return None
+
+    def tables(self, plan, v, assignments, stats, level):
+        return []
+
+    def continuous(self, plan, v, assignments, stats, sample, level):
+        return None
+
+    def report_section(self, spec, entries, numeric_summary):
+        return []
+
+    def describe(self, v, assignments):
+        return v.channel
+
 
 ESTIMATE_COLUMNS = ["variable", "stratum", "category", "released_count", "released_share", "estimate", "se",
                     "lower", "upper", "projected", "mle", "n"]

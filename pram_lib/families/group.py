@@ -8,61 +8,45 @@ RR-Adjustment, the released codes and weights (a one-chunk feature).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import ClassVar, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import encode
 from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
-from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile, keyed_generator
+from pram_lib.core.guarantee import LDP
+from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
 from pram_lib.core.randomness import at_row
-from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
 from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct, unresolved_target_error
 from pram_lib.families.categorical import count_values
+from pram_lib.families.entry import ChannelEntry, Claim, FromData
 
 PERTURB = 0
 MAX_PAIR_CELLS = 1_000_000  # 2-way tables of a group are kept for pairs with at most this many cells
 
 
 # -- the spec of a group -------------------------------------------------------------------------------
-class Clustering(Strict):
-    """How rr-clusters finds its clusters (Algorithm 1 of Domingo-Ferrer & Soria-Comas)."""
-
-    T_v: float = Field(default=1000, gt=1, description="largest cluster domain (product of category counts)")
-    T_d: float = Field(default=0.1, ge=0, le=1, description="smallest Cramér's V that links two attributes")
-    measure: Literal["pairs", "attributes"] = "pairs"
-    alpha: float | None = Field(default=None, gt=0, description="ε spent measuring dependence on randomized data")
-    public: list[list[str]] | None = Field(default=None, description="clusters declared public (no ε spent)")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "Clustering":
-        if self.public is None and self.alpha is None:
-            raise ValueError("the dependence is measured on randomized data: give its budget `alpha:` "
-                             "(or declare the clusters public with `public: [[a, b], [c]]`)")
-        if self.public is not None and self.alpha is not None:
-            raise ValueError("public clusters spend no budget: drop `alpha:` or `public:`")
-        return self
-
-
 class GroupVariable(StatedLevel):
-    """A group of categorical variables randomized together (Multi-RR)."""
+    """A group of categorical variables randomized together (Multi-RR): what every group channel's spec has.
+    Each group entry's model adds its `channel:` tag and its own fields (rr-clusters: `clustering:`)."""
 
     columns: list[str]
     name: str | None = None              # the group's name (default: its columns joined by '+')
     adjust: bool = False                 # publish RR-Adjustment weights
-    clustering: Clustering | None = None
     categories: dict[str, list[Union[str, int]]] | None = None   # each attribute's public domain
-    channel: Literal["rr-independent", "rr-joint", "rr-clusters"]
 
     @classmethod
     def foreign_problem(cls, channel: str, keys: set[str], owners: dict[str, str]) -> str | None:
+        if "clustering" in keys:
+            return f"`clustering:` is only for rr-clusters, not {channel}"
         allowed = sorted(cls.model_fields)
         return f"{sorted(keys)} do not apply to a group channel (allowed: {allowed})"
 
@@ -70,14 +54,6 @@ class GroupVariable(StatedLevel):
     def _rules(self) -> "GroupVariable":
         if len(self.columns) < 2 or len(set(self.columns)) != len(self.columns):
             raise ValueError("a group needs at least two distinct columns")
-        if self.channel == "rr-clusters" and self.clustering is None:
-            raise ValueError("rr-clusters needs `clustering: {T_v: ..., T_d: ..., measure: pairs, alpha: ...}`")
-        if self.channel != "rr-clusters" and self.clustering is not None:
-            raise ValueError(f"`clustering:` is only for rr-clusters, not {self.channel}")
-        if self.clustering is not None and self.clustering.public is not None:
-            named = [c for cl in self.clustering.public for c in cl]
-            if sorted(named) != sorted(self.columns):
-                raise ValueError("public clusters must name every column of the group exactly once")
         self._one_level(required=True)
         return self
 
@@ -98,11 +74,6 @@ class GroupVariable(StatedLevel):
     def weight_column(self) -> str:
         """The released column of the group's RR-Adjustment weights."""
         return f"{self.name or 'rr'}_weight"
-
-    @property
-    def dependence_epsilon(self) -> float:
-        c = self.clustering
-        return c.alpha if c is not None and c.alpha is not None else 0.0
 
 
 @dataclass
@@ -170,11 +141,6 @@ def group_domain(spec, i: int, v) -> list[list[str]]:
     return out
 
 
-def measured_clusters(v) -> bool:
-    """Clusters measured on (randomized) source rows: needs the whole table in one chunk."""
-    return v.clustering is not None and v.clustering.public is None
-
-
 def group_codes_of(v, cats: list[list[str]], df: pd.DataFrame) -> np.ndarray:
     """(n, m) codes of a group's columns; '<missing>' is a category of its own."""
     out = []
@@ -187,38 +153,109 @@ def group_codes_of(v, cats: list[list[str]], df: pd.DataFrame) -> np.ndarray:
     return np.column_stack(out).astype(np.int64)
 
 
-def choose_group(spec, i: int, v, gp: GroupProfile, seed: int):
-    """RR-Independent / RR-Joint / RR-Clusters for a group; clusters come from randomized data only."""
-    if v.unresolved_target:
-        raise unresolved_target_error(spec, i, v)
-    cats = {a: c for a, c in zip(gp.attributes, gp.categories)}
-    if v.channel == "rr-independent":
-        return _identifiable(spec, i, gp, mr.rr_independent(cats, v.epsilon))
-    if v.channel == "rr-joint":
-        ch = mr.rr_joint(cats, v.epsilon)
-    else:
-        c = v.clustering
-        try:
-            ch = mr.rr_clusters(None if c.public else gp.codes, cats, v.epsilon, T_v=c.T_v, T_d=c.T_d,
-                                dependence=c.measure, epsilon_dependence=c.alpha, rng=keyed_generator(seed, i, 0, 2),
-                                public_dependence=c.public)
-        except ValueError as exc:
-            raise spec.error(("variables", i, "clustering"), str(exc), None, "check the clustering settings") from None
-    for k, cl in zip(ch.cluster_sizes, ch.clusters):
-        if k > mr.MAX_DATA_CELLS:
-            raise spec.error(("variables", i), f"cluster {[gp.attributes[j] for j in cl]} has {k:,} cells, more "
-                             f"than {mr.MAX_DATA_CELLS:,}", None, "use rr-clusters with a smaller T_v")
-    return _identifiable(spec, i, gp, ch)
+class GroupEntry(ChannelEntry):
+    """A group channel name (pram_lib.families.entry): the group driver (Group) asks it for the channel of a group
+    and what depends on its name; every group channel is K-ary RR per cluster, so the privacy map, the
+    identifiability check and the planning variances are the kind's and shared here."""
+
+    kind: ClassVar[str] = "group"
+    codec: ClassVar[str] = "multi-rr"
+
+    # -- what each group channel states ----------------------------------------------------------------
+    @abstractmethod
+    def build(self, spec, i: int, v, gp: GroupProfile, seed: int) -> mr.GroupChannel:
+        """The group's channel at its stated ε, from the attributes' domains (and, for clusters measured on
+        randomized data, the profile's rows); SpecError when it cannot be built or inverted."""
+
+    @abstractmethod
+    def measures_dependence(self, v) -> bool:
+        """Whether the channel measures dependence on randomized source rows (the whole table in one chunk)."""
+
+    @abstractmethod
+    def dependence_epsilon(self, v) -> float:
+        """ε spent measuring the dependence between attributes (0 when nothing is measured)."""
+
+    @abstractmethod
+    def choice_note(self, v) -> str:
+        """How the channel depends on the data, in words (the assignment's `how`)."""
+
+    @abstractmethod
+    def report_lines(self, v, ch: mr.GroupChannel) -> list[str]:
+        """The entry's own lines of the report's group section (how its clusters were found)."""
+
+    @abstractmethod
+    def planning_notes(self, v, ch: mr.GroupChannel) -> list[str]:
+        """What `plan` says of the planning channel `ch` (its clusters, and how they were planned)."""
+
+    # -- what every group channel shares -----------------------------------------------------------------
+    def check(self, spec, i: int, v) -> None:
+        group_domain(spec, i, v)
+
+    def privacy(self, v) -> Claim:
+        """ε-LDP with ε = the release's ε (split over the clusters, Kronecker additivity) + the dependence's
+        (sequential composition); an unresolved target: known once resolved, the dependence's ε stated."""
+        if v.unresolved_target:
+            return FromData(self.dependence_epsilon(v))
+        return LDP(v.epsilon + self.dependence_epsilon(v))
+
+    def planning_channel(self, spec, i: int, v, cats: list, level: float) -> mr.GroupChannel:
+        """The channel the release would build at ε = `level` from public information (the domains `cats`)."""
+        w = v.model_copy(update={"alpha": level, "gamma": None})
+        return self.build(spec, i, w, GroupProfile(v.key, tuple(v.columns), cats, None, {}), 0)
+
+    @staticmethod
+    def identifiable(spec, i: int, gp: GroupProfile, ch: mr.GroupChannel) -> mr.GroupChannel:
+        """The group channel, after checking each cluster's K-ary RR can be inverted (the estimator's bound)."""
+        for k, keep, cl in zip(ch.cluster_sizes, ch.keep, ch.clusters):
+            if k >= 2 and not keep_condition(np.full(int(k), float(keep)))[0] <= DEFAULT_MAX_CONDITION:
+                raise spec.error(("variables", i, "epsilon"), f"the randomized response of cluster "
+                                 f"{[gp.attributes[j] for j in cl]} cannot be inverted (its matrix is singular or "
+                                 "its condition number exceeds 1e12)", None, "raise `epsilon:`")
+        return ch
+
+    @staticmethod
+    def held(spec, i: int, gp: GroupProfile, ch: mr.GroupChannel) -> mr.GroupChannel:
+        """The group channel, after checking no cluster has more cells than perturbing can hold."""
+        for k, cl in zip(ch.cluster_sizes, ch.clusters):
+            if k > mr.MAX_DATA_CELLS:
+                raise spec.error(("variables", i), f"cluster {[gp.attributes[j] for j in cl]} has {k:,} cells, "
+                                 f"more than {mr.MAX_DATA_CELLS:,}", None, "use rr-clusters with a smaller T_v")
+        return ch
+
+    def planning_variance(self, ch: mr.GroupChannel, attributes: tuple[int, ...], P: np.ndarray,
+                          n: float) -> tuple[np.ndarray, str]:
+        """(Var of each cell's estimate, how the release estimates it) for the marginal table of one or two
+        `attributes` of the group (row-major, first attribute most significant) whose true shares are P
+        (shape: one axis per attribute), from n records. Within a cluster the sub-tuple channel is K-ary RR
+        (keep' = keep + (K_C/K_sub − 1) move); across clusters the Kronecker channel; beyond its size, the
+        independence product the release then publishes (delta-method variance at P's marginals)."""
+        P = np.asarray(P, dtype=float)
+        clusters = [ch.cluster_of(j) for j in attributes]
+        if len(set(clusters)) == 1:
+            _, keep = mr.sub_keep(ch, clusters[0], list(attributes))
+            how = "unbiased (the cluster's sub-tuple channel)" if len(attributes) == 1 else \
+                "unbiased (within a cluster: the sub-tuple channel)"
+            return mr.rr_table_variance(P.reshape(-1), [keep], n), how
+        a, b = attributes
+        keeps = [mr.sub_keep(ch, c, [j])[1] for c, j in zip(clusters, attributes)]
+        if P.size <= mr.KRON_MAX_CELLS:
+            return mr.rr_table_variance(P, keeps, n).reshape(-1), "unbiased (across clusters: the Kronecker channel)"
+        pa, pb = P.sum(axis=1), P.sum(axis=0)
+        va, vb = mr.rr_table_variance(pa, keeps[:1], n), mr.rr_table_variance(pb, keeps[1:], n)
+        return ((np.outer(va, pb ** 2) + np.outer(pa ** 2, vb)).reshape(-1),
+                f"independence product (more than {mr.KRON_MAX_CELLS:,} cells across clusters; delta-method se)")
+
+    def worst_case_coefficients(self, ch: mr.GroupChannel) -> tuple[np.ndarray, np.ndarray]:
+        """(a_x, A_x) of every attribute's shares, attribute after attribute (pram_lib.pipeline.plan's
+        worst_variance): C[x, x] and the largest C[x, z ≠ x] of the attribute's sub-tuple K-ary RR."""
+        ab = [(k, mr.krr_coefficients(k, mr.sub_keep(ch, ch.cluster_of(j), [j])[1])) for j, k in enumerate(ch.sizes)]
+        return (np.concatenate([np.full(k, x[0]) for k, x in ab]), np.concatenate([np.full(k, x[1]) for k, x in ab]))
 
 
-def _identifiable(spec, i: int, gp: GroupProfile, ch):
-    """The group channel, after checking each cluster's K-ary RR can be inverted (the estimator's bound)."""
-    for k, keep, cl in zip(ch.cluster_sizes, ch.keep, ch.clusters):
-        if k >= 2 and not keep_condition(np.full(int(k), float(keep)))[0] <= DEFAULT_MAX_CONDITION:
-            raise spec.error(("variables", i, "epsilon"), f"the randomized response of cluster "
-                             f"{[gp.attributes[j] for j in cl]} cannot be inverted (its matrix is singular or its "
-                             "condition number exceeds 1e12)", None, "raise `epsilon:`")
-    return ch
+def clusters_note(ch: mr.GroupChannel, how: str = "") -> str:
+    """'clusters: a + b (12 cells) | c (2 cells)' (`how`: ' (declared public)', ' (planned)')."""
+    return f"clusters{how}: " + " | ".join(f"{' + '.join(ch.attributes[j] for j in c)} ({k:,} cells)"
+                                           for c, k in zip(ch.clusters, ch.cluster_sizes))
 
 
 def group_codes(released: pd.DataFrame, ch) -> np.ndarray:
@@ -249,7 +286,7 @@ def group_marginals(released: pd.DataFrame | None, ch, level: float = 0.95,
 
 
 
-def report_section(spec, groups: list) -> list[str]:
+def report_section(spec, groups: list, entries: dict) -> list[str]:
     L = ["## Groups of variables: multi-attribute randomized response", "",
          "The attributes of a group are split into clusters; each cluster is randomized as one variable on the "
          "product of its attributes' categories (K-ary randomized response: keep the true combination with "
@@ -267,16 +304,7 @@ def report_section(spec, groups: list) -> list[str]:
               "dependence)", "", "| cluster | cells | ε | keep | each other cell |", "|---|---|---|---|---|"]
         for c, k, e, p, q in zip(ch.clusters, ch.cluster_sizes, ch.cluster_epsilons, ch.keep, ch.move):
             L.append(f"| {' + '.join(ch.attributes[j] for j in c)} | {k:,} | {e:.4g} | {p:.4g} | {q:.3g} |")
-        if v.channel == "rr-clusters":
-            c = v.clustering
-            how = ("declared public by the curator (no ε spent)" if c.public else
-                   f"Cramér's V measured on randomized data ({'each pair randomized jointly' if c.measure == 'pairs' else 'each attribute randomized'}, ε = {c.alpha:g})")
-            L += ["", f"Clusters by Algorithm 1 (T_v = {c.T_v:g} cells, T_d = {c.T_d:g}) from dependence {how}."]
-            if ch.dependence is not None and not c.public:
-                L += ["", "Measured dependence (from randomized data):", "",
-                      "| | " + " | ".join(ch.attributes) + " |", "|---" * (len(ch.attributes) + 1) + "|"]
-                for i, row in enumerate(ch.dependence):
-                    L.append(f"| {ch.attributes[i]} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
+        L += entries[v.channel].report_lines(v, ch)
         if v.adjust:
             L += ["", f"RR-Adjustment: the column `{v.weight_column}` holds weights (summing to the number of "
                   "records) that make each cluster's weighted released distribution equal its estimate; use them "
@@ -318,19 +346,23 @@ def group_utility(assignments: list, profile, overall: pd.DataFrame, tables: pd.
 
 
 class Group(Family):
+    """The group driver: releases every group channel entry (GroupEntry) through the engine's steps."""
+
     kind = "group"
-    channels = ("rr-independent", "rr-joint", "rr-clusters")
+    channels = ()          # every group channel is an entry (pram_lib.families.ENTRIES)
     slot = "groups"
-    spec_model = GroupVariable
+
+    def __init__(self, entries: dict[str, GroupEntry]):
+        self.entries = entries
 
     def static_epsilon(self, v):
-        return (v.epsilon or 0.0) + v.dependence_epsilon   # an unresolved target: known once resolved
+        return self.entries[v.channel].privacy(v).spends   # an unresolved target: known once resolved
 
     def epsilon_from_data(self, v):
-        return v.unresolved_target
+        return isinstance(self.entries[v.channel].privacy(v), FromData)
 
     def check_spec(self, spec, i, v):
-        group_domain(spec, i, v)
+        self.entries[v.channel].check(spec, i, v)
 
     def public_domain(self, spec, i, v):
         return group_domain(spec, i, v), GROUP_DOMAIN
@@ -349,7 +381,7 @@ class Group(Family):
             raise spec.error(("variables", i, "adjust"), "RR-Adjustment weights need the whole released table, "
                              f"which engine mode {mode!r} never holds", True,
                              "drop `adjust: true`, or use `engine: {mode: memory}`")
-        if measured_clusters(v):
+        if self.entries[v.channel].measures_dependence(v):
             raise spec.error(("variables", i, "clustering"), "measuring dependence on randomized data needs the "
                              f"whole table, which engine mode {mode!r} never holds", None,
                              "declare the clusters public (`clustering: {public: [[...], ...]}`), use "
@@ -358,9 +390,12 @@ class Group(Family):
     def text_columns(self, v):
         return list(v.columns)
 
+    def clean(self, spec, i, v, df):
+        return None   # read as text, checked against the declared categories when profiled
+
     def profile_chunk(self, spec, i, v, df, start, seed):
         return GroupPart([count_values(df, [c]) for c in v.columns],
-                         df[list(v.columns)] if measured_clusters(v) else None)
+                         df[list(v.columns)] if self.entries[v.channel].measures_dependence(v) else None)
 
     def finish_profile(self, spec, i, v, part: GroupPart) -> GroupProfile:
         cats, missing = group_domain(spec, i, v), {}
@@ -386,10 +421,11 @@ class Group(Family):
         return GroupProfile(v.key, tuple(v.columns), cats, codes, missing)
 
     def choose(self, spec, i, v, profile, seed):
-        how = ("none (channel does not depend on the data)" if v.channel != "rr-clusters" else
-               "public clusters" if v.clustering.public else
-               f"clusters from randomized data (ε = {v.dependence_epsilon:g})")
-        return [Assignment(v.key, NO_STRATUM, (), choose_group(spec, i, v, profile.groups[v.key], seed), how, 0.0)]
+        if v.unresolved_target:
+            raise unresolved_target_error(spec, i, v)
+        entry = self.entries[v.channel]
+        return [Assignment(v.key, NO_STRATUM, (), entry.build(spec, i, v, profile.groups[v.key], seed),
+                           entry.choice_note(v), 0.0)]
 
     def plan(self, v, profile) -> list[list[str]]:
         return profile.groups[v.key].categories
@@ -414,6 +450,9 @@ class Group(Family):
             stats.adjusted = (z, w)
             stats.missing[v.weight_column] = 0
         return columns, stats
+
+    def continuous(self, plan, v, assignments, stats, sample, level):
+        return None
 
     def estimates(self, plan, v, assignments, stats, level):
         return group_marginals(None, assignments[0].channel, level, stats.attributes)
@@ -467,7 +506,10 @@ class Group(Family):
                 f"{len(ch.clusters)} clusters | {assignments[0].prior} | {post} |"]
 
     def report_section(self, spec, entries, numeric_summary):
-        return report_section(spec, [a for _, alist in entries for a in alist])
+        return report_section(spec, [a for _, alist in entries for a in alist], self.entries)
+
+    def utility_rows(self, v, assignments, tvd):
+        return []   # a group's source-vs-estimate comparison is confidential: internal_section
 
     def describe(self, v, assignments):
         return f"{v.channel}: {len(assignments[0].channel.clusters)} clusters"
@@ -509,5 +551,3 @@ class Group(Family):
             d["details"] = {**d.get("details", {}), "target": v.target_details}
         return [d]
 
-
-FAMILY = Group()

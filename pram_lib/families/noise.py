@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -21,11 +22,13 @@ from scipy.special import ndtri
 from pram_lib.channels import gamma as g
 from pram_lib.channels.deconvolve import bootstrap_band
 from pram_lib.channels.gamma import PROTECTION_TOLERANCE
+from pram_lib.core.guarantee import NotDP
 from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
 from pram_lib.core.randomness import ExactSums, per_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import noise_consistency_test
 from pram_lib.families.base import Family, OneColumn, exact, fmt_num, pct
+from pram_lib.families.entry import ChannelEntry, Claim
 
 PERTURB, SKETCH = 0, 4   # randomness key purposes: the noise, the pass-1 sample
 
@@ -60,13 +63,12 @@ class Protection(Strict):
 
 
 class NoiseVariable(OneColumn):
-    """A continuous variable released as Z = X + Y, Y two-sided Gamma noise."""
+    """A continuous variable released as Z = X + Y, Y two-sided Gamma noise: what every noise channel's spec has.
+    Each noise entry's model narrows `channel:` to its name and adds its own fields (gamma-noise: `theta:`)."""
 
-    channel: Literal["gamma-noise", "laplace-noise"]
+    channel: str
     protection: Protection | None = None
-    theta: float | None = Field(default=None, gt=0, le=1)
     eta: float | None = Field(default=None, gt=0)
-    theta_min: float = Field(default=0.05, gt=0, le=1)
     transform: Literal["none", "log1p"] = "none"
     point_masses: list[float] = Field(default_factory=list)
     resolution: float | None = Field(default=None, gt=0)
@@ -118,8 +120,6 @@ class NoiseVariable(OneColumn):
 
     @model_validator(mode="after")
     def _rules(self) -> "NoiseVariable":
-        if self.channel == "laplace-noise" and self.theta not in (None, 1.0):
-            raise ValueError("laplace-noise is the theta = 1 member; drop `theta:` or use gamma-noise")
         if self.eta is not None and self.protection is not None:
             raise ValueError("give either a fixed `eta:` or a `protection:` level to meet, not both")
         if self.accept_lower_protection and self.eta is None:
@@ -261,8 +261,9 @@ def check_levels_parameters(spec, i: int, v, x: np.ndarray, atoms: list[float]) 
                          "give the step the values are recorded in, or drop `resolution:`")
 
 
-def choose_noise(spec, i: int, v, np_: NumericProfile):
-    """Two-sided Gamma noise for a continuous variable: fixed (ϑ, η), or optimised for the protection level."""
+def choose_noise(spec, i: int, v, np_: NumericProfile, theta: float, grid: list[float]):
+    """Two-sided Gamma noise for a continuous variable: fixed (`theta`, η) when the spec fixes η, else the (ϑ, η)
+    with ϑ on `grid` that meets the protection level with the smallest deconvolution variance."""
     x = np_.values[~np.isnan(np_.values)]
     atoms = [float(a) for a in to_release_scale(np.asarray(v.point_masses, dtype=float), v.transform)]
     spread = x[~np.isin(x, atoms)] if atoms else x
@@ -274,7 +275,6 @@ def choose_noise(spec, i: int, v, np_: NumericProfile):
     check_levels_parameters(spec, i, v, x, atoms)
     Q, delta = v.level.Q, v.level.delta
     if v.eta is not None:
-        theta = 1.0 if v.channel == "laplace-noise" else (v.theta if v.theta is not None else 1.0)
         ch = g.fixed_gamma_noise(theta, v.eta, variables=(v.column,))
         try:
             reached = g.protection_reached(x, theta, v.eta, Q, delta, resolution=v.resolution,
@@ -300,13 +300,6 @@ def choose_noise(spec, i: int, v, np_: NumericProfile):
         if "as_is_sup_M" in reached:
             ch.details["as_is_sup_M_at_choice"] = reached["as_is_sup_M"]
         return ch
-    if v.channel == "laplace-noise":
-        grid = [1.0]
-    elif v.theta is not None:
-        grid = [v.theta]
-    else:
-        k0 = max(1, math.ceil(v.theta_min / THETA_STEP - 1e-9))
-        grid = [round(THETA_STEP * k, 10) for k in range(k0, int(round(1 / THETA_STEP)) + 1)]
     try:
         ch = g.choose_gamma_noise(x, Q, delta, grid, variables=(v.column,), resolution=v.resolution,
                                   point_masses=atoms or None, point_mass_mode="exclude" if atoms else "as_is")
@@ -516,13 +509,23 @@ def noise_utility(assignments: list, profile, curves: pd.DataFrame | None,
     return out
 
 
-class Noise(Family):
-    kind = "continuous"
-    channels = ("gamma-noise", "laplace-noise")
-    slot = "numeric"
-    spec_model = NoiseVariable
+class NoiseEntry(ChannelEntry):
+    """A continuous channel name (pram_lib.families.entry): the noise driver (Noise) asks it for the noise law of a
+    variable; every noise channel is two-sided Gamma noise meeting the Ghatak–Sengupta–Roy level, so the privacy
+    map, the spec check and the planning variance are the kind's and shared here."""
 
-    def check_spec(self, spec, i, v):
+    kind: ClassVar[str] = "continuous"
+    codec: ClassVar[str] = "two-sided-gamma"
+
+    @abstractmethod
+    def build(self, spec, i: int, v, profile: NumericProfile) -> g.NoiseChannel:
+        """The noise law for the variable: from its profile sample and its protection level (or fixed η)."""
+
+    def privacy(self, v) -> Claim:
+        """Not differential privacy: the posterior-mass level (Q, δ) the noise is chosen to meet."""
+        return NotDP(g.PROTECTION_MEASURE, {"Q": v.level.Q, "delta": v.level.delta})
+
+    def check(self, spec, i: int, v) -> None:
         if v.bounds is not None:
             lo, hi = v.bounds
             if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -536,6 +539,47 @@ class Noise(Family):
                 raise spec.error(("variables", i, "resolution"), "the recording step is wider than the declared "
                                  "range", v.resolution, "give the step the values are recorded in (e.g. 1 for "
                                  "whole years), or drop `resolution:`")
+
+    def planning_variance(self, ch: g.NoiseChannel, variance_x: float, n: float) -> float:
+        """Var of the published estimate of the mean of X (the mean of the n released values): (Var X + Var Y)/n,
+        Var Y = θ(θ + 1)η² the noise law's. Its scale follows the source's spread, so `plan` cannot predict it
+        before the data are read."""
+        return (variance_x + ch.variance) / n
+
+
+class Noise(Family):
+    """The continuous driver: releases every noise entry (NoiseEntry) through the engine's steps."""
+
+    kind = "continuous"
+    channels = ()          # every noise channel is an entry (pram_lib.families.ENTRIES)
+    slot = "numeric"
+
+    def __init__(self, entries: dict[str, NoiseEntry]):
+        self.entries = entries
+
+    def check_spec(self, spec, i, v):
+        self.entries[v.channel].check(spec, i, v)
+
+    def static_epsilon(self, v):
+        return self.entries[v.channel].privacy(v).spends   # not DP: no ε
+
+    def epsilon_from_data(self, v):
+        return False
+
+    def released_names(self, v, i):
+        return [(v.column, ("variables", i, "column"), "a variable")]
+
+    def check_streamable(self, spec, i, v, mode):
+        return None   # power sums, extremes and a bottom-k sample fold over chunks
+
+    def public_domain(self, spec, i, v):
+        return None   # numbers: no categories
+
+    def domain_label(self, v):
+        return None
+
+    def text_columns(self, v):
+        return []
 
     def clean(self, spec, i, v, df):
         df[v.column] = numeric_column(spec, i, v, df[v.column])
@@ -554,7 +598,7 @@ class Noise(Family):
         return NumericProfile(v.column, part.in_key_order(), v.transform, part.missing)
 
     def choose(self, spec, i, v, profile, seed):
-        return [Assignment(v.column, NO_STRATUM, (), choose_noise(spec, i, v, profile.numeric[v.column]),
+        return [Assignment(v.column, NO_STRATUM, (), self.entries[v.channel].build(spec, i, v, profile.numeric[v.column]),
                            "data (eta is calibrated on the raw values)" if v.eta is None else "none (fixed)", 0.0)]
 
     def plan(self, v, profile) -> float:
@@ -573,6 +617,12 @@ class Noise(Family):
                            int((np.isnan(x) != np.isnan(z)).sum()), (start + np.flatnonzero(keep), x[keep], z[keep]),
                            (int(np.count_nonzero(np.abs(z - x) < window(v, a.channel))), int(live.size)))
         return {v.column: z}, stats
+
+    def estimates(self, plan, v, assignments, stats, level):
+        return []   # no categories: its estimates are the curves and moments of `continuous`
+
+    def tables(self, plan, v, assignments, stats, level):
+        return []
 
     def continuous(self, plan, v, assignments, stats, sample, level):
         (a,) = assignments
@@ -603,6 +653,12 @@ class Noise(Family):
 
     def missing_rule(self, v):
         return "released as missing, without noise"
+
+    def privacy_rows(self, spec, v, assignments):
+        return []   # not DP: the continuous section of the report says what it gives
+
+    def utility_rows(self, v, assignments, tvd):
+        return []
 
     def describe(self, v, assignments):
         ch = assignments[0].channel
@@ -637,5 +693,3 @@ class Noise(Family):
         L += ["", "Chooser diagnostics (confidential: they use the source) are in `internal.json`.", ""]
         return L, numeric
 
-
-FAMILY = Noise()

@@ -34,14 +34,13 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtri
 
-from pram_lib.channels import multi_rr as mr
 from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, NonIdentifiableError, _ops
-from pram_lib.core.model import MISSING, NO_STRATUM, GroupProfile, VariableProfile
-from pram_lib.families import family_of
+from pram_lib.core.model import MISSING, NO_STRATUM, VariableProfile
+from pram_lib.families import entry_of, family_of
 from pram_lib.families.base import Target
 from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
                                            count_values, declared_categories, prior_reference)
-from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, measured_clusters
+from pram_lib.families.group import MAX_PAIR_CELLS
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
 GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
@@ -82,16 +81,6 @@ def variance_coefficients(channel) -> np.ndarray | None:
     return np.column_stack([ops.var_diag(ops.mt(e), zero) for e in unit])
 
 
-def krr_coefficients(k: int, keep: float) -> tuple[float, float]:
-    """(C[x, x], C[x, z ≠ x]) of K-ary RR (keep, each other cell move = (1 − keep)/(k − 1)): M = d I + move 11^T
-    and G = (I − move 11^T)/d with d = keep − move, so C = (G∘G) M = ((1 − 2 move) M + move² 11^T)/d²."""
-    if k < 2:   # one category: its share is 1, estimated without error
-        return 1.0, 0.0
-    move = (1.0 - keep) / (k - 1)
-    d = keep - move
-    return ((1.0 - 2.0 * move) * keep + move * move) / d ** 2, ((1.0 - 2.0 * move) * move + move * move) / d ** 2
-
-
 def _split(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a_x = C[x, x], A_x = max_{z ≠ x} C[x, z]) per share x."""
     a = np.diag(C).copy()
@@ -114,27 +103,6 @@ def worst_relative_variance(a, A, s: float) -> np.ndarray:
     a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
     at_s = (A * (1.0 - s) + a * s - s * s) / (s * s)
     return np.maximum(np.maximum(at_s, a - 1.0), 0.0)
-
-
-def rr_table_variance(P: np.ndarray, keeps, n: float) -> np.ndarray:
-    """Var of each cell's unbiased estimate for a table P whose axis t goes through its own K_t-ary RR (keep
-    keeps[t], each other cell (1 − keep)/(K_t − 1)), the axes independently: the Kronecker channel.
-
-    With d = keep − move and q = move, M_t = d I + q 11^T and G_t = (I − q 11^T)/d, so G_t∘G_t =
-    ((1 − 2q) I + q² 11^T)/d² and n Var = (⊗_t G_t∘G_t) m − P², m = (⊗_t M_t^T) P; O(cells) per axis."""
-    P = np.asarray(P, dtype=float)
-    m = P
-    steps = []
-    for axis, keep in enumerate(keeps):
-        k = P.shape[axis]
-        q = (1.0 - keep) / (k - 1) if k > 1 else 0.0
-        d = keep - q
-        m = d * m + q * m.sum(axis=axis, keepdims=True)
-        steps.append((axis, q, d))
-    a = m
-    for axis, q, d in steps:
-        a = ((1.0 - 2.0 * q) * a + q * q * a.sum(axis=axis, keepdims=True)) / (d * d)
-    return np.maximum(a - P * P, 0.0) / n
 
 
 def z_value(confidence: float) -> float:
@@ -240,15 +208,11 @@ def source_domains(spec: ReleaseSpec, keys: set[str]) -> dict[str, object]:
     parts: dict[str, object] = {}
     for ref, df in stream.iter_chunks(spec):
         for i, v in wanted:
-            if family_of(v).kind == "group":
-                part = GroupPart([count_values(df, [c]) for c in v.columns])
-            else:
-                part = family_of(v).profile_chunk(spec, i, v, df, ref.start, 0)
+            part = family_of(v).profile_chunk(spec, i, v, df, ref.start, 0)
             parts[v.key] = part if v.key not in parts else parts[v.key] + part
     out = {}
-    for i, v in wanted:
-        empty = GroupPart([Counter() for _ in v.columns]) if family_of(v).kind == "group" else Counter()
-        profile = family_of(v).finish_profile(spec, i, v, parts.get(v.key, empty))
+    for i, v in wanted:   # (a group is never here: its domains are always declared, Group.public_domain)
+        profile = family_of(v).finish_profile(spec, i, v, parts.get(v.key, Counter()))
         out[v.key] = profile.categories
     return out
 
@@ -329,29 +293,17 @@ def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: st
     return vp
 
 
-def _group_channel(spec: ReleaseSpec, i: int, v, cats: list, level: float):
-    if measured_clusters(v):   # the clusters come from the data: planned as singletons (the same ε split)
-        return mr.group_channel(dict(zip(v.columns, cats)), [(j,) for j in range(len(v.columns))], level,
-                                method="rr-clusters")
-    w = v.model_copy(update={"alpha": level, "gamma": None})
-    return choose_group(spec, i, w, GroupProfile(v.key, tuple(v.columns), cats, None, {}), 0)
-
-
 def _plan_group(spec: ReleaseSpec, i: int, v, cats: list, domain_from: str, n: int, n_from: str) -> VariablePlan:
-    vp = VariablePlan(v.key, v.channel, "group", spec_epsilon=v.epsilon, extra_epsilon=v.dependence_epsilon,
+    entry = entry_of(v)
+    vp = VariablePlan(v.key, v.channel, "group", spec_epsilon=v.epsilon, extra_epsilon=entry.dependence_epsilon(v),
                       rows=n, rows_from=n_from, grid=_grid(v.epsilon))
     if v.target_details is not None:
         vp.notes.append(target_note(spec, v))
     vp.notes.append(f"domains: {', '.join(f'{a} {len(c)}' for a, c in zip(v.columns, cats))} categories, "
                     f"{domain_from}")
     vp.notes.append("planning prior: uniform over every cell (attributes independent and uniform)")
-    if measured_clusters(v):
-        vp.notes.append(f"clusters: measured on randomized data by the release (ε = {v.dependence_epsilon:g}, "
-                        "added to the ε spent); planned as one cluster per attribute (what Algorithm 1 gives when "
-                        "no dependence passes T_d)")
     sizes = [len(c) for c in cats]
-    shares = [Estimand(a, "share", [(str(x),) for x in c], np.full(len(c), 1.0 / len(c)),
-                       method="unbiased (the cluster's sub-tuple channel)") for a, c in zip(v.columns, cats)]
+    shares = [Estimand(a, "share", [(str(x),) for x in c], np.full(len(c), 1.0 / len(c))) for a, c in zip(v.columns, cats)]
     pairs = [(a, b) for a in range(len(sizes)) for b in range(a + 1, len(sizes)) if sizes[a] * sizes[b] <= MAX_PAIR_CELLS]
     tables = [Estimand(f"{v.columns[a]} × {v.columns[b]}", "table",
                        [(str(x), str(y)) for x in cats[a] for y in cats[b]],
@@ -361,35 +313,15 @@ def _plan_group(spec: ReleaseSpec, i: int, v, cats: list, domain_from: str, n: i
     if skipped:
         vp.notes.append(f"not published (more than {MAX_PAIR_CELLS:,} cells): {', '.join(skipped)}")
     for level in vp.grid:
-        ch = _group_channel(spec, i, v, cats, level)
-        subs = [mr._sub_keep(ch, ch.cluster_of(j), [j]) for j in range(len(sizes))]
+        ch = entry.planning_channel(spec, i, v, cats, level)
         if level == vp.grid[0]:
-            how = " (declared public)" if v.clustering is not None and v.clustering.public else \
-                " (planned)" if measured_clusters(v) else ""
-            vp.notes.append(f"clusters{how}: " + " | ".join(f"{' + '.join(ch.attributes[j] for j in c)} ({k:,} cells)"
-                                                      for c, k in zip(ch.clusters, ch.cluster_sizes)))
-        se_attr = []
-        for est, (k, keep) in zip(shares, subs):
-            se = np.sqrt(rr_table_variance(np.full(k, 1.0 / k), [keep], n))
-            est.se[level] = se
-            se_attr.append(se)
+            vp.notes += entry.planning_notes(v, ch)
+        for j, est in enumerate(shares):
+            var, est.method = entry.planning_variance(ch, (j,), est.planning, n)
+            est.se[level] = np.sqrt(var)
         for est, (a, b) in zip(tables, pairs):
-            ka, kb = sizes[a], sizes[b]
-            uniform = np.full((ka, kb), 1.0 / (ka * kb))
-            ca, cb = ch.cluster_of(a), ch.cluster_of(b)
-            if ca == cb:
-                k, keep = mr._sub_keep(ch, ca, [a, b])
-                se = np.sqrt(rr_table_variance(uniform.reshape(-1), [keep], n))
-                est.method = "unbiased (within a cluster: the sub-tuple channel)"
-            elif ka * kb <= mr.KRON_MAX_CELLS:
-                se = np.sqrt(rr_table_variance(uniform, [subs[a][1], subs[b][1]], n)).reshape(-1)
-                est.method = "unbiased (across clusters: the Kronecker channel)"
-            else:   # the release's estimate beyond the Kronecker limit: the product, delta-method se
-                pa, pb = np.full(ka, 1.0 / ka), np.full(kb, 1.0 / kb)
-                se = np.sqrt((np.outer(se_attr[a], pb) ** 2 + np.outer(pa, se_attr[b]) ** 2).reshape(-1))
-                est.method = (f"independence product (more than {mr.KRON_MAX_CELLS:,} cells across clusters; "
-                              "delta-method se)")
-            est.se[level] = se
+            var, est.method = entry.planning_variance(ch, (a, b), est.planning.reshape(sizes[a], sizes[b]), n)
+            est.se[level] = np.sqrt(var)
     vp.estimands = shares + tables
     if vp.extra_epsilon:
         vp.notes.append(f"ε spent = the release ε + {vp.extra_epsilon:g} (measuring dependence)")
@@ -433,26 +365,20 @@ def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: flo
 
 
 def _group_curve(spec: ReleaseSpec, i: int, v, cats: list, n: int, z: float) -> TargetCurve:
-    sizes = [len(c) for c in cats]
-
-    def keeps(eps: float) -> list[float]:
-        ch = _group_channel(spec, i, v, cats, eps)
-        return [mr._sub_keep(ch, ch.cluster_of(j), [j])[1] for j in range(len(sizes))]
+    entry = entry_of(v)
+    uniform = [np.full(len(c), 1.0 / len(c)) for c in cats]
 
     def halfwidths(eps: float) -> np.ndarray:
-        return np.concatenate([z * np.sqrt(rr_table_variance(np.full(k, 1.0 / k), [keep], n))
-                               for k, keep in zip(sizes, keeps(eps))])
+        ch = entry.planning_channel(spec, i, v, cats, eps)
+        return np.concatenate([z * np.sqrt(entry.planning_variance(ch, (j,), p, n)[0]) for j, p in enumerate(uniform)])
 
     def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray]:
-        ab = [krr_coefficients(k, keep) for k, keep in zip(sizes, keeps(eps))]
-        return (np.concatenate([np.full(k, x[0]) for k, x in zip(sizes, ab)]),
-                np.concatenate([np.full(k, x[1]) for k, x in zip(sizes, ab)]))
+        return entry.worst_case_coefficients(entry.planning_channel(spec, i, v, cats, eps))
 
     labels = [f"{a}={x}" for a, c in zip(v.columns, cats) for x in c]
-    shares = np.concatenate([np.full(k, 1.0 / k) for k in sizes])
-    return TargetCurve(labels, shares, halfwidths, "uniform over each attribute's categories" +
+    return TargetCurve(labels, np.concatenate(uniform), halfwidths, "uniform over each attribute's categories" +
                        (" (clusters measured on the data are planned as one per attribute)"
-                        if measured_clusters(v) else ""), coefficients)
+                        if entry.measures_dependence(v) else ""), coefficients)
 
 
 def _round_up(x: float, digits: int = 5) -> float:
@@ -720,9 +646,8 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
                                     "planned without it"))
             continue
         if v.key not in domains:
-            why = ("a group's domains are its columns' values in the source" if kind == "group" else
-                   "the domain is not declared (`categories:`)")
-            out.append(VariablePlan(v.key, v.channel, kind, not_planned=f"{why}, and the source was not opened"))
+            out.append(VariablePlan(v.key, v.channel, kind, not_planned="the domain is not declared (`categories:`), "
+                                    "and the source was not opened"))
             continue
         cats, how = domains[v.key]
         n, n_from = n_of[v.key]
@@ -741,13 +666,11 @@ def planned_largest_halfwidths(spec: ReleaseSpec, i: int, v, cats, n: float,
     channel is singular. Only the spec's ε: no grid."""
     z = z_value(spec.confidence if confidence is None else confidence)
     if family_of(v).kind == "group":
-        cats = [list(c) for c in cats]
-        ch = _group_channel(spec, i, v, cats, v.epsilon)
-        out = {}
-        for j, (attr, c) in enumerate(zip(v.columns, cats)):
-            k, keep = mr._sub_keep(ch, ch.cluster_of(j), [j])
-            out[attr] = z * math.sqrt(float(np.max(rr_table_variance(np.full(k, 1.0 / k), [keep], n))))
-        return out
+        entry, cats = entry_of(v), [list(c) for c in cats]
+        ch = entry.planning_channel(spec, i, v, cats, v.epsilon)
+        return {attr: z * math.sqrt(float(np.max(entry.planning_variance(ch, (j,), np.full(len(c), 1.0 / len(c)),
+                                                                            n)[0])))
+                for j, (attr, c) in enumerate(zip(v.columns, cats))}
     if len(cats) < 2:
         return {v.key: 0.0}
     shares, build = _planning_channels(spec, i, v, tuple(cats))
@@ -786,12 +709,10 @@ def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile) -> d
     z = z_value(spec.confidence)
     if family_of(v).kind == "group":
         (a,) = assignments
-        ch, out = a.channel, {}
-        for j, (attr, counts) in enumerate(zip(ch.attributes, group_attribute_counts(spec, v, profile))):
-            k, keep = mr._sub_keep(ch, ch.cluster_of(j), [j])
-            var = rr_table_variance(counts / counts.sum(), [keep], counts.sum())
-            out[attr] = z * math.sqrt(float(np.max(var)))
-        return out
+        entry, ch = entry_of(v), a.channel
+        return {attr: z * math.sqrt(float(np.max(entry.planning_variance(ch, (j,), counts / counts.sum(),
+                                                                            counts.sum())[0])))
+                for j, (attr, counts) in enumerate(zip(ch.attributes, group_attribute_counts(spec, v, profile)))}
     vp = profile.variables[v.column]
     parts = []
     for a in assignments:

@@ -199,6 +199,8 @@ NOISE_CASES = {
     "delta out of range": ("delta: 0.9}", "delta: 1.2}", 12, "variables[1].protection.delta", "less than 1"),
     "eta and protection": ("eta: 3.0", "eta: 3.0\n    protection: {Q: 1}", 14, "variables[2]", "not both"),
     "laplace with theta": ("eta: 3.0", "eta: 3.0\n    theta: 0.5", 14, "variables[2]", "theta = 1 member"),
+    "laplace with theta 1": ("eta: 3.0", "eta: 3.0\n    theta: 1", 14, "variables[2]", "drop `theta:`"),
+    "laplace with theta_min": ("eta: 3.0", "eta: 3.0\n    theta_min: 0.5", 14, "variables[2]", "drop `theta_min:`"),
     "noise key on a categorical channel": ("gamma: 2", "gamma: 2\n    transform: log1p", 6, "variables[0]",
                                            "are for gamma-noise"),
     "strata on noise": ("theta_min: 0.5", "theta_min: 0.5\n    strata: [colour]", 10, "variables[1]", "strata"),

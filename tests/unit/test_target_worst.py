@@ -21,7 +21,8 @@ import pytest
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.pram import optimal_pram
 from pram_lib.channels.rr import custom_channel, uniform_rr
-from pram_lib.pipeline.plan import (_split, krr_coefficients, resolve_targets, target_line, variance_coefficients,
+from pram_lib.channels.multi_rr import krr_coefficients
+from pram_lib.pipeline.plan import (_split, resolve_targets, target_line, variance_coefficients,
                                     worst_relative_variance, worst_variance)
 from pram_lib.spec import SpecError, load_spec
 from test_target import N, Z, simulated
