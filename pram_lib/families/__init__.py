@@ -13,16 +13,26 @@ from __future__ import annotations
 from pram_lib.families import categorical, group, noise
 from pram_lib.families.base import Family
 from pram_lib.families.entry import ChannelEntry
+from pram_lib.families.pram_accurate import PramAccurate
+from pram_lib.families.pram_custom import PramCustom
+from pram_lib.families.pram_invariant import PramInvariant
+from pram_lib.families.pram_optimal import PramOptimal
+from pram_lib.families.rr_uniform import RRUniform
 
 REGISTRY: tuple[Family, ...] = (categorical.FAMILY, group.FAMILY, noise.FAMILY)   # the kind drivers
 DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
 
 ENTRIES: tuple[ChannelEntry, ...] = (
+    PramOptimal(),
+    PramAccurate(),
+    RRUniform(),
+    PramCustom(),
+    PramInvariant(),
 )
 BY_NAME: dict[str, ChannelEntry] = {e.name: e for e in ENTRIES}
 
-BY_CHANNEL: dict[str, Family] = {**{name: f for f in REGISTRY for name in f.channels},
-                                 **{e.name: DRIVERS[e.kind] for e in ENTRIES}}
+BY_CHANNEL: dict[str, Family] = {name: f for f in REGISTRY                     # in the drivers' order
+                                 for name in (*f.channels, *(e.name for e in ENTRIES if e.kind == f.kind))}
 
 
 def spec_model_of(channel: str) -> type:
