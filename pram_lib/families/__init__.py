@@ -16,11 +16,9 @@ from pram_lib.families.entry import ChannelEntry
 from pram_lib.families.pram_accurate import PramAccurate
 from pram_lib.families.pram_custom import PramCustom
 from pram_lib.families.pram_invariant import PramInvariant
+from pram_lib.families.pram_keep import PramKeep
 from pram_lib.families.pram_optimal import PramOptimal
 from pram_lib.families.rr_uniform import RRUniform
-
-REGISTRY: tuple[Family, ...] = (categorical.FAMILY, group.FAMILY, noise.FAMILY)   # the kind drivers
-DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
 
 ENTRIES: tuple[ChannelEntry, ...] = (
     PramOptimal(),
@@ -28,8 +26,13 @@ ENTRIES: tuple[ChannelEntry, ...] = (
     RRUniform(),
     PramCustom(),
     PramInvariant(),
+    PramKeep(),
 )
 BY_NAME: dict[str, ChannelEntry] = {e.name: e for e in ENTRIES}
+
+REGISTRY: tuple[Family, ...] = (categorical.Categorical(tuple(e for e in ENTRIES if e.kind == "categorical")),
+                                group.FAMILY, noise.FAMILY)   # the kind drivers
+DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
 
 BY_CHANNEL: dict[str, Family] = {name: f for f in REGISTRY                     # in the drivers' order
                                  for name in (*f.channels, *(e.name for e in ENTRIES if e.kind == f.kind))}

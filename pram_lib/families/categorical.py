@@ -12,7 +12,7 @@ from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Union
+from typing import ClassVar, Literal, Union, get_args
 
 import numpy as np
 import pandas as pd
@@ -76,10 +76,7 @@ class CategoricalVariable(OneColumn, StatedLevel):
             return f"{noise} are for gamma-noise/laplace-noise, not {channel}"
         own = sorted(k for k in keys if owners.get(k) == "categorical")
         if own:
-            from pram_lib.families import spec_models   # the registry imports this module: read at call time
-
-            users = {k: [c for c, m in spec_models() if k in m.model_fields] for k in own}
-            return "; ".join(f"`{k}:` is only for channel {', '.join(users[k])}, not {channel}" for k in own)
+            return "; ".join(f"`{k}:` is only for channel {', '.join(_channels_with(k))}, not {channel}" for k in own)
         return None
 
     @model_validator(mode="after")
@@ -108,6 +105,18 @@ class CategoricalVariable(OneColumn, StatedLevel):
     @property
     def prior_epsilon(self) -> float:
         return self.prior.dp if isinstance(self.prior, PriorDP) else 0.0
+
+
+def _channels_with(key: str) -> list[str]:
+    """The categorical channel names whose spec model has the field `key` (the entries' models subclass
+    CategoricalVariable)."""
+    out, models = [], list(CategoricalVariable.__subclasses__())
+    while models:
+        m = models.pop(0)
+        models += m.__subclasses__()
+        if key in m.model_fields:
+            out += [c for c in get_args(m.model_fields["channel"].annotation) if c not in out]
+    return out
 
 
 def check_strata(spec, i: int, v, vp) -> None:
@@ -339,6 +348,7 @@ class CategoricalEntry(ChannelEntry):
     codec = "categorical"    # keep-uniform or dense (pram_lib.core.codec reads and writes both)
     identifiable_fix: ClassVar[str] = ("choose a different `epsilon:`, or use channel rr-uniform (invertible at "
                                        "every ε > 0)")
+    parameter_field: ClassVar[str | None] = None   # the spec field a not identifiable channel is located at
 
     @abstractmethod
     def build(self, spec, i: int, v, cats: tuple, prior: Callable[[], tuple[np.ndarray, str]],
@@ -355,7 +365,8 @@ class CategoricalEntry(ChannelEntry):
         if not is_identifiable(chosen[0]):
             # No numbers in the message: a data-prior channel is a function of the source.
             where = "" if key == NO_STRATUM else " in one stratum (named under found)"
-            raise spec.error(("variables", i, "epsilon" if v.epsilon is not None else "channel"),
+            raise spec.error(("variables", i, self.parameter_field or ("epsilon" if v.epsilon is not None
+                                                                   else "channel")),
                              f"the {v.channel} channel chosen{where} cannot be inverted: its matrix is singular or "
                              "its condition number exceeds 1e12, so the true distribution could not be estimated "
                              "from the release", None if key == NO_STRATUM else
@@ -396,20 +407,20 @@ def stated_level_privacy(v) -> Claim:
     return LDP(v.prior_epsilon + v.epsilon)
 
 
-def entry_of(v) -> CategoricalEntry:
-    """The registry entry of a categorical spec variable (pram_lib.families.ENTRIES)."""
-    from pram_lib.families import BY_NAME   # the registry imports this driver: looked up at call time
-
-    return BY_NAME[v.channel]
-
-
 class Categorical(Family):
-    """The driver of every categorical entry: profiles, perturbs, estimates and gates them alike."""
+    """The driver of every categorical entry: profiles, perturbs, estimates and gates them alike. The registry
+    (pram_lib.families) builds it with its entries."""
 
     kind = "categorical"
     channels = ()    # every categorical name is an entry (pram_lib.families.ENTRIES)
     slot = "variables"
     spec_model = CategoricalVariable
+
+    def __init__(self, entries: tuple[CategoricalEntry, ...]):
+        self.entries = {e.name: e for e in entries}
+
+    def entry(self, v) -> CategoricalEntry:
+        return self.entries[v.channel]
 
     def check_spec(self, spec, i, v):
         for j, s in enumerate(v.strata):
@@ -417,16 +428,16 @@ class Categorical(Family):
                 raise spec.error(("variables", i, "strata", j),
                                  "a stratum column must be released unchanged so analysts can use it", s,
                                  f"add {s!r} to `passthrough:` (the report flags it)")
-        entry_of(v).check(spec, i, v)
         check_declared_domain(spec, i, v)
+        self.entry(v).check(spec, i, v)
 
     def static_epsilon(self, v):
         # A channel chosen from the data (FromData) spends what the spec fixes now; the ledger reserves the
         # budget until its ε is known (epsilon_from_data).
-        return entry_of(v).privacy(v).spends
+        return self.entry(v).privacy(v).spends
 
     def epsilon_from_data(self, v):
-        return isinstance(entry_of(v).privacy(v), FromData)
+        return isinstance(self.entry(v).privacy(v), FromData)
 
     def public_domain(self, spec, i, v):
         return public_domain(spec, i, v)
@@ -487,7 +498,7 @@ class Categorical(Family):
         out = []
         for j, key in enumerate(vp.strata):
             counts = vp.counts[key]
-            ch, prior, prior_eps = entry_of(v).channel(
+            ch, prior, prior_eps = self.entry(v).channel(
                 spec, i, v, vp.categories,
                 lambda: choose_prior(spec, i, v, counts, vp.categories, seed, j, stratum_label(vp.strata_columns, key)),
                 key, vp.strata_columns)
@@ -679,5 +690,3 @@ def _stratum_index(plan, vplan: CategoricalPlan, v, df: pd.DataFrame) -> np.ndar
         lut[cell] = vplan.strata[key]
     return lut[combined]
 
-
-FAMILY = Categorical()
