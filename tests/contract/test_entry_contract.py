@@ -169,3 +169,16 @@ def test_planning_variance_is_the_variance_of_the_inversion(folder, name):
     p_hat = np.linalg.lstsq(ch.matrix.T, counts.T, rcond=None)[0].T
     var = p_hat.var(axis=0, ddof=1)
     np.testing.assert_allclose(var, planned, rtol=6 * math.sqrt(2 / (R - 1)))
+
+
+def test_a_name_without_an_entry_has_no_default_channel():
+    """The categorical driver serves exactly the registry's categorical entries: a name it was not given is a
+    KeyError, never a silent invariant PRAM (the default branch the chooser used to end in)."""
+    from types import SimpleNamespace
+
+    from pram_lib.families import DRIVERS
+
+    driver = DRIVERS["categorical"]
+    assert set(driver.entries) == set(CATEGORICAL)
+    with pytest.raises(KeyError):
+        driver.entry(SimpleNamespace(channel="pram-unregistered"))
