@@ -10,28 +10,28 @@ release; the engine, the gate, the estimates and channels.json reach channels on
 
 from __future__ import annotations
 
-from pram_lib.families import categorical, group, noise
+from pram_lib.families import (categorical, group, noise, pram_accurate, pram_custom, pram_invariant, pram_keep,
+                               pram_optimal, rr_uniform)
 from pram_lib.families.base import Family
 from pram_lib.families.entry import ChannelEntry
-from pram_lib.families.pram_accurate import PramAccurate
-from pram_lib.families.pram_custom import PramCustom
-from pram_lib.families.pram_invariant import PramInvariant
-from pram_lib.families.pram_keep import PramKeep
-from pram_lib.families.pram_optimal import PramOptimal
-from pram_lib.families.rr_uniform import RRUniform
 
 ENTRIES: tuple[ChannelEntry, ...] = (
-    PramOptimal(),
-    PramAccurate(),
-    RRUniform(),
-    PramCustom(),
-    PramInvariant(),
-    PramKeep(),
+    pram_optimal.PramOptimal(),
+    pram_accurate.PramAccurate(),
+    rr_uniform.RRUniform(),
+    pram_custom.PramCustom(),
+    pram_invariant.PramInvariant(),
+    pram_keep.PramKeep(),
 )
 BY_NAME: dict[str, ChannelEntry] = {e.name: e for e in ENTRIES}
 
-REGISTRY: tuple[Family, ...] = (categorical.Categorical(tuple(e for e in ENTRIES if e.kind == "categorical")),
-                                group.FAMILY, noise.FAMILY)   # the kind drivers
+
+def _of_kind(kind: str) -> dict[str, ChannelEntry]:
+    return {e.name: e for e in ENTRIES if e.kind == kind}
+
+
+REGISTRY: tuple[Family, ...] = (categorical.Categorical(_of_kind("categorical")), group.FAMILY,
+                                noise.FAMILY)   # the kind drivers
 DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
 
 BY_CHANNEL: dict[str, Family] = {name: f for f in REGISTRY                     # in the drivers' order

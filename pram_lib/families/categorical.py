@@ -416,8 +416,8 @@ class Categorical(Family):
     slot = "variables"
     spec_model = CategoricalVariable
 
-    def __init__(self, entries: tuple[CategoricalEntry, ...]):
-        self.entries = {e.name: e for e in entries}
+    def __init__(self, entries: dict[str, CategoricalEntry]):
+        self.entries = entries
 
     def entry(self, v) -> CategoricalEntry:
         return self.entries[v.channel]

@@ -1,6 +1,11 @@
-"""The contract example of every channel name: a small spec entry that builds it from `source()` (the data the
-contract tests release). tests/contract/test_entry_contract.py fails when a registered entry
-(pram_lib.families.ENTRIES) has none here: adding a channel adds its example."""
+"""The contract example of every channel name. tests/contract/test_entry_contract.py fails when a registered
+entry (pram_lib.families.ENTRIES) has none here: adding a channel adds its example.
+
+Shape: ``EXAMPLES = {channel name: example}``; an example is a function of no argument returning
+``(variable, source)``: the spec entry of one variable (categorical domains declared) and a small seeded pandas
+DataFrame holding its column(s) (plus ``region``, which a spec may pass through). The same example builds the
+same channel.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ def source(n: int = 3_000, seed: int = 3) -> pd.DataFrame:
     })
 
 
-EXAMPLES: dict[str, dict] = {
+VARIABLES: dict[str, dict] = {
     "pram-optimal": {"column": "size", "channel": "pram-optimal", "alpha": 1.5, "prior": "uniform",
                      "categories": SIZES},
     "pram-accurate": {"column": "size", "channel": "pram-accurate", "alpha": 1.5, "prior": "uniform",
@@ -46,3 +51,10 @@ EXAMPLES: dict[str, dict] = {
                     "accept_lower_protection": True},
     "laplace-noise": {"column": "score", "channel": "laplace-noise", "eta": 3.0, "accept_lower_protection": True},
 }
+
+
+def _example(variable: dict):
+    return lambda: (variable, source())
+
+
+EXAMPLES = {name: _example(v) for name, v in VARIABLES.items()}

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from examples import EXAMPLES, source
+from examples import EXAMPLES
 from pram_lib.core.channel import Channel
 from pram_lib.core.codec import check_entry
 from pram_lib.core.guarantee import LDP, Public
@@ -46,14 +46,13 @@ def _example_or_skip(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("entries")
-    source().to_csv(out / "src.csv", index=False)
-    return out
+    return tmp_path_factory.mktemp("entries")
 
 
 def _spec(folder, name: str):
-    v = EXAMPLES[name]
-    doc = {"release": f"entry-{name}", "source": {"path": "src.csv"}, "output": str(folder / "out"),
+    v, data = EXAMPLES[name]()
+    data.to_csv(folder / f"{name}.csv", index=False)
+    doc = {"release": f"entry-{name}", "source": {"path": f"{name}.csv"}, "output": str(folder / "out"),
            "private_store": str(folder / "private"), "budget": 10.0,
            "passthrough": [c for c in ("region",) if c not in v.get("columns", [])],
            "engine": {"mode": "memory"}, "variables": [v]}

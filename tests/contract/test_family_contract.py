@@ -26,7 +26,7 @@ from pram_lib.spec import CHANNELS, load_spec
 
 N = 3_000
 LEVEL = 0.8
-VARIABLES = EXAMPLES                      # one contract example per channel name (tests/contract/examples.py)
+VARIABLES = {name: example()[0] for name, example in EXAMPLES.items()}   # tests/contract/examples.py
 
 
 def _source(n: int = N, seed: int = 3) -> pd.DataFrame:
@@ -53,8 +53,7 @@ def _spec(folder, channel: str):
 
 def test_the_registry_serves_every_channel_a_spec_accepts():
     assert set(BY_CHANNEL) == set(CHANNELS)
-    served = [*(c for f in REGISTRY for c in f.channels), *(e.name for e in ENTRIES)]
-    assert sorted(served) == sorted(CHANNELS)                         # no name served twice
+    assert sum(len(f.channels) for f in REGISTRY) + len(ENTRIES) == len(CHANNELS)   # no name served twice
     assert set(VARIABLES) == set(CHANNELS)                            # and this contract covers them all
 
 
