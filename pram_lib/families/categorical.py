@@ -381,6 +381,31 @@ class CategoricalEntry(ChannelEntry):
             return choose_prior(spec, i, v, np.zeros(len(cats)), cats, 0, 0)
         return np.full(len(cats), 1.0 / len(cats)), "uniform"
 
+    def planning_notes(self, v) -> list[str]:
+        """What `plan` says about how the variable is planned: its planning prior, strata, a DP prior's ε0, n."""
+        notes = []
+        if isinstance(v.prior, PriorFile):
+            notes.append(f"planning prior: the public prior file {v.prior.file}"
+                         + (" (the release's own)" if v.data_prior else ""))
+        elif v.data_prior and v.prior == "uniform":
+            notes.append("planning prior: uniform (the release's own)")
+        elif v.data_prior:
+            what = ("the source's frequencies" if v.prior == "data" else
+                    f"a DP histogram of the source (ε0 = {v.prior.dp:g})")
+            notes.append(f"planning prior: uniform (the release chooses the matrix from {what}, which planning "
+                         "does not read: the released matrix and its standard errors will differ)")
+        else:
+            notes.append("planning prior: uniform (the channel does not depend on the data; the shares it is "
+                         "planned at are an assumption)")
+        if v.strata:
+            notes.append(f"strata {', '.join(v.strata)}: planned for the overall shares, assuming every stratum "
+                         "has the same channel and planning shares (true of a uniform or file prior)")
+        if isinstance(v.prior, PriorDP):
+            notes.append(f"ε spent = the channel's ε + ε0 ({v.prior.dp:g}, the DP histogram)")
+        if v.missing == "keep":
+            notes.append("n counts the records with a value (missing values are released as missing)")
+        return notes
+
     def planning_channel(self, spec, i: int, v, cats: tuple, prior: tuple[np.ndarray, str],
                          level: float | None) -> Channel:
         """The channel the release would build from the planning prior at ε = level (None: the spec's own)."""

@@ -39,7 +39,7 @@ from pram_lib.core.estimate import NonIdentifiableError, share_variance, varianc
 from pram_lib.core.model import MISSING, GroupProfile
 from pram_lib.families import entry_of, family_of
 from pram_lib.families.base import Target
-from pram_lib.families.categorical import PriorDP, PriorFile, count_values, declared_categories, prior_reference
+from pram_lib.families.categorical import PriorFile, count_values, prior_reference
 from pram_lib.families.group import MAX_PAIR_CELLS, GroupPart, choose_group, measured_clusters
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
@@ -242,29 +242,9 @@ def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: st
     if k < 2:
         vp.not_planned = "fewer than 2 categories: nothing to estimate"
         return vp
-    chosen_from_prior = v.data_prior
-    if isinstance(v.prior, PriorFile):
-        vp.notes.append(f"planning prior: the public prior file {v.prior.file}"
-                        + (" (the release's own)" if chosen_from_prior else ""))
-    elif chosen_from_prior and v.prior == "uniform":
-        vp.notes.append("planning prior: uniform (the release's own)")
-    elif chosen_from_prior:
-        what = ("the source's frequencies" if v.prior == "data" else
-                f"a DP histogram of the source (ε0 = {v.prior.dp:g})")
-        vp.notes.append(f"planning prior: uniform (the release chooses the matrix from {what}, which planning "
-                        "does not read: the released matrix and its standard errors will differ)")
-    else:
-        vp.notes.append("planning prior: uniform (the channel does not depend on the data; the shares it is "
-                        "planned at are an assumption)")
-    if v.strata:
-        vp.notes.append(f"strata {', '.join(v.strata)}: planned for the overall shares, assuming every stratum "
-                        "has the same channel and planning shares (true of a uniform or file prior)")
-    if isinstance(v.prior, PriorDP):
-        vp.extra_epsilon = v.prior.dp
-        vp.notes.append(f"ε spent = the channel's ε + ε0 ({v.prior.dp:g}, the DP histogram)")
-    if v.missing == "keep":
-        vp.notes.append("n counts the records with a value (missing values are released as missing)")
-
+    entry = entry_of(v)
+    vp.notes += entry.planning_notes(v)
+    vp.extra_epsilon = v.prior_epsilon     # a DP prior's ε0, spent besides the channel's ε
     if v.target_details is not None:
         vp.notes.append(target_note(spec, v))
     shares, build = _planning_channels(spec, i, v, cats)
@@ -273,7 +253,7 @@ def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: st
     for level in levels:
         ch = build(level)
         level = float(ch.epsilon) if level is None else level
-        var = entry_of(v).planning_variance(ch, shares, n)
+        var = entry.planning_variance(ch, shares, n)
         est.se[level] = np.full(k, np.nan) if var is None else np.sqrt(var)
         if var is None:
             vp.notes.append(f"at ε = {level:.4g} the channel is singular: the release could not estimate the "
