@@ -28,6 +28,7 @@ KEEP_FIX = "give `keep:` one probability in (0, 1] for every category (e.g. `kee
 
 class PramKeepVariable(CategoricalVariable):
     level_from: ClassVar[str] = "keep probabilities"
+    adds_missing: ClassVar[bool] = True   # `missing: category`: '<missing>' is a category (named in a keep dict)
 
     channel: Literal["pram-keep"]
     keep: Union[float, dict[str, float], None] = None
@@ -40,7 +41,7 @@ class PramKeepVariable(CategoricalVariable):
         values = self.keep.values() if isinstance(self.keep, dict) else [self.keep]
         if not all(math.isfinite(p) and 0 < p <= 1 for p in values):
             raise ValueError("every keep probability of pram-keep must lie in (0, 1]")
-        if self.categories is None and not self.public:
+        if self.categories is None and (not self.public or isinstance(self.keep, dict)):
             raise ValueError("channel pram-keep needs `categories:` (its keep probabilities, hence its ε, are "
                              "stated per declared category)")
         if self.prior != "data":

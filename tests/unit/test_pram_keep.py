@@ -130,6 +130,7 @@ def test_a_channel_that_cannot_be_inverted_is_refused_before_any_data(tmp_path):
     ({"keep": 0.8, "prior": "uniform"}, "variables[1]", "drop `prior:`"),
     ({"keep": 0.8, "matrix": [[1.0]]}, "variables[1]", "only for channel pram-custom, not pram-keep"),
     ({"keep": 0.8, "categories": None}, "variables[1]", "needs `categories:`"),
+    ({"keep": {"L": 0.8}, "categories": None, "public": True}, "variables[1]", "needs `categories:`"),
 ])
 def test_spec_errors(tmp_path, var, field, words):
     err = _refused(tmp_path, **var)
@@ -144,3 +145,21 @@ def test_keep_is_only_for_pram_keep(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(path)
     assert "`keep:` is only for channel pram-keep, not pram-optimal" in info.value.problem
+
+
+def test_a_public_variable_with_one_keep_takes_its_categories_from_the_source(tmp_path):
+    """`public: true` (no privacy claimed): the domain is the source's values and keep = 1 (ε = ∞) is accepted."""
+    synth.make_source(tmp_path / "src.csv", n=500)
+    spec = _load(tmp_path, keep=1.0, public=True, categories=None)
+    profile = stream.profile_source(spec, 1)
+    (a,) = [a for a in release.choose_channels(spec, profile, 1) if a.column == "size"]
+    assert sorted(a.channel.categories) == sorted(SIZES) and np.all(a.channel.keep == 1.0)
+
+
+def test_missing_as_a_category_is_one_more_category(tmp_path):
+    """`missing: category` adds '<missing>' to the declared domain: k = 5, so ε = log(p · 4/(1 − p)); a keep per
+    category must name it."""
+    spec = _load(tmp_path, keep=0.8, missing="category")
+    assert ENTRY.privacy(spec.variables[1]).epsilon == pytest.approx(math.log(0.8 * 4 / 0.2), abs=1e-12)
+    err = _refused(tmp_path, keep={"L": 0.8, "M": 0.6, "S": 0.7, "XL": 0.5}, missing="category")
+    assert err.field == "variables[1].keep" and "<missing>" in err.problem
