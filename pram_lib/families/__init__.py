@@ -1,21 +1,27 @@
 """The registry: every `channel:` name a spec may give, and the kind driver that releases it.
 
 A channel is one entry (pram_lib.families.entry.ChannelEntry): one module in this package and one line in
-ENTRIES below. The kind drivers (categorical, group, continuous) run every entry of their kind through the
-release; the engine, the gate, the estimates and channels.json reach channels only through this registry.
-
-(Being migrated, issue 27: a channel name not yet in ENTRIES is still served by its kind's FAMILY, whose
-`channels` list names it.)
+ENTRIES below (plus the contract example tests/contract/examples.py demands). The kind drivers (categorical,
+group, continuous) run every entry of their kind through the release; the engine, the gate, the estimates,
+the planner and channels.json reach channels only through this registry. No lookup has a default: a name that
+is not here is refused when the spec is loaded.
 """
 
 from __future__ import annotations
 
-from pram_lib.families import (categorical, gamma_noise, group, laplace_noise, noise, rr_clusters, rr_independent,
-                               rr_joint)
+from pram_lib.families import (categorical, gamma_noise, group, laplace_noise, noise, pram_accurate, pram_custom,
+                               pram_invariant, pram_keep, pram_optimal, rr_clusters, rr_independent, rr_joint,
+                               rr_uniform)
 from pram_lib.families.base import Family
 from pram_lib.families.entry import ChannelEntry
 
 ENTRIES: tuple[ChannelEntry, ...] = (
+    pram_optimal.PramOptimal(),
+    pram_accurate.PramAccurate(),
+    rr_uniform.RRUniform(),
+    pram_custom.PramCustom(),
+    pram_invariant.PramInvariant(),
+    pram_keep.PramKeep(),
     rr_independent.RRIndependent(),
     rr_joint.RRJoint(),
     rr_clusters.RRClusters(),
@@ -29,22 +35,20 @@ def _of_kind(kind: str) -> dict[str, ChannelEntry]:
     return {e.name: e for e in ENTRIES if e.kind == kind}
 
 
-REGISTRY: tuple[Family, ...] = (categorical.FAMILY, group.Group(_of_kind("group")),
+REGISTRY: tuple[Family, ...] = (categorical.Categorical(_of_kind("categorical")), group.Group(_of_kind("group")),
                                 noise.Noise(_of_kind("continuous")))   # the kind drivers
 DRIVERS: dict[str, Family] = {f.kind: f for f in REGISTRY}
-
-BY_CHANNEL: dict[str, Family] = {**{name: f for f in REGISTRY for name in f.channels},
-                                 **{e.name: DRIVERS[e.kind] for e in ENTRIES}}
+BY_CHANNEL: dict[str, Family] = {e.name: DRIVERS[e.kind] for e in ENTRIES}
 
 
 def spec_model_of(channel: str) -> type:
-    """The spec model of a `channel:` name (its entry's; a not yet migrated name: its family's)."""
-    return BY_NAME[channel].spec_model if channel in BY_NAME else BY_CHANNEL[channel].spec_model
+    """The spec model of a `channel:` name."""
+    return BY_NAME[channel].spec_model
 
 
 def spec_models() -> list[tuple[str, type]]:
-    """(channel name, spec model) for every name a spec may give."""
-    return [(name, spec_model_of(name)) for name in BY_CHANNEL]
+    """(channel name, spec model) for every name a spec may give, in the registry's order."""
+    return [(e.name, e.spec_model) for e in ENTRIES]
 
 
 def family_of(v) -> Family:

@@ -37,7 +37,6 @@ class Family(ABC):
     driver lacking one cannot be instantiated, and the registry instantiates the drivers when it is imported."""
 
     kind: ClassVar[str]            # how reports name it: categorical, group, continuous
-    channels: tuple[str, ...] = ()  # the spec's `channel:` names it serves (transitional: names not yet entries)
     slot: ClassVar[str]            # where its profile entries live in Profile (variables, groups, numeric)
     spec_model: type = object      # its variables' spec (a pydantic model; `channel` is its Literal tag)
 

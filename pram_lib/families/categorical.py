@@ -1,5 +1,5 @@
-"""Categorical variables, one channel per stratum: optimal PRAM (pram-optimal), uniform randomized response
-(rr-uniform), a matrix given in the spec (pram-custom) and invariant PRAM (pram-invariant).
+"""The categorical driver: a variable released through one channel per stratum, whatever its entry (each
+categorical `channel:` name is a CategoricalEntry in its own module, registered in pram_lib.families.ENTRIES).
 
 Profile: counts per (stratum, category). Statistics of a chunk: source and released counts per stratum
 (the gate compares them; estimates invert the released ones).
@@ -8,26 +8,29 @@ Profile: counts per (stratum, category). Statistics of a chunk: source and relea
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import ClassVar, Literal, Union, get_args
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
-from pram_lib.core.channel import dense_epsilon, encode
-from pram_lib.core.codec import MAX_CONDITION, dense_condition
+from pram_lib.core.channel import Channel, encode
 from pram_lib.core.counting import codes_of, combination_counts
-from pram_lib.core.estimate import is_identifiable
+from pram_lib.core.estimate import is_identifiable, share_variance
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import (LEAK_FIX, PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, leak_problem,
-                                    pct, unresolved_target_error)
+from pram_lib.families.base import (PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, pct,
+                                    unresolved_target_error)
+from pram_lib.core.guarantee import LDP, Public
+from pram_lib.families.entry import ChannelEntry, Claim, FromData
 
 VOLATILE_DETAILS = ("seconds",)  # solver timings: not part of the channel; left out so reruns are byte-identical
 PERTURB = 0                      # randomness key purpose of the perturbation
@@ -35,8 +38,6 @@ PERTURB = 0                      # randomness key purpose of the perturbation
 
 # -- the spec of a categorical variable ---------------------------------------------------------------
 MIN_PRIOR_ROWS = 100   # a data prior from fewer rows is refused: one record would move a frequency by > 1 point
-LEVEL_CHANNELS = ("pram-optimal", "pram-accurate", "rr-uniform")   # the spec states ε (alpha or gamma)
-DATA_PRIOR_CHANNELS = ("pram-optimal", "pram-accurate", "pram-invariant")   # matrix chosen from a prior
 
 
 class PriorFile(Strict):
@@ -51,12 +52,14 @@ Prior = Union[Literal["data", "uniform"], PriorFile, PriorDP]
 
 
 class CategoricalVariable(OneColumn, StatedLevel):
-    """A categorical variable released through one channel per stratum."""
+    """What every categorical variable states; each channel's entry subclasses it with `channel: Literal[name]`,
+    its own fields and its own rules (a field of another channel is refused, naming the channels it is for)."""
 
-    channel: Literal["pram-optimal", "pram-accurate", "rr-uniform", "pram-custom", "pram-invariant"]
+    states_level: ClassVar[bool] = False   # built at the spec's level: alpha or gamma (or a resolved target:)
+    data_prior: ClassVar[bool] = False     # its matrix is chosen from a prior (`prior:` data, uniform, file, dp)
+
+    channel: str
     categories: list[Union[str, int]] | None = None
-    matrix: list[list[float]] | None = None
-    min_diagonal: float | None = None
     prior: Prior = "data"                # pram-optimal with `strata:` and no `prior:` takes "uniform" (see README)
     min_prior_rows: int = Field(default=MIN_PRIOR_ROWS, ge=1)  # a data prior is refused below this many rows
     strata: list[str] = Field(default_factory=list)
@@ -71,42 +74,29 @@ class CategoricalVariable(OneColumn, StatedLevel):
         noise = sorted(k for k in keys if owners.get(k) == "continuous")
         if noise:
             return f"{noise} are for gamma-noise/laplace-noise, not {channel}"
+        own = sorted(k for k in keys if owners.get(k) == "categorical")
+        if own:
+            return "; ".join(f"`{k}:` is only for channel {', '.join(_channels_with(k))}, not {channel}" for k in own)
         return None
 
-    @field_validator("min_diagonal")
-    @classmethod
-    def _min_diag(cls, v: float | None) -> float | None:
-        if v is not None and not (0 < v < 1):
-            raise ValueError("min_diagonal must lie in (0, 1)")
-        return v
-
     @model_validator(mode="after")
-    def _rules(self) -> "CategoricalVariable":
-        self._one_level(required=self.channel in LEVEL_CHANNELS)
-        if self.channel == "pram-custom":
-            if self.matrix is None or self.categories is None:
-                raise ValueError("channel pram-custom needs `matrix:` and `categories:`")
-        elif self.matrix is not None:
-            raise ValueError(f"`matrix:` is only for channel pram-custom, not {self.channel}")
-        if self.channel == "pram-invariant" and self.min_diagonal is None:
-            raise ValueError("channel pram-invariant needs `min_diagonal:` (smallest keep probability)")
-        if self.channel == "pram-accurate" and self.target is not None:
-            raise ValueError("channel pram-accurate takes alpha or gamma, not target: (its matrix is searched for "
-                             "at each ε, too slow to search over ε); use pram-optimal or rr-uniform with target:")
-        if self.channel in ("pram-custom", "pram-invariant") and (self.alpha or self.gamma or self.target):
-            raise ValueError(f"channel {self.channel} has its level set by its matrix; drop alpha/gamma/target")
-        if self.channel == "rr-uniform" and self.prior != "data":
-            raise ValueError("rr-uniform does not depend on the data; drop `prior:`")
-        if self.channel in ("pram-optimal", "pram-accurate") and self.strata and "prior" not in self.model_fields_set:
+    def _common_rules(self) -> "CategoricalVariable":
+        self._one_level(required=self.states_level)
+        if not self.states_level and (self.alpha or self.gamma or self.target):
+            raise ValueError(f"channel {self.channel} has its level set by its {self.level_from}; drop "
+                             "alpha/gamma/target")
+        if self.data_prior and self.strata and "prior" not in self.model_fields_set:
             # Each stratum's matrix would be chosen from that stratum's raw frequencies (README, `prior:`).
             self.__dict__["prior"] = "uniform"
-        if "min_prior_rows" in self.model_fields_set and (self.channel not in DATA_PRIOR_CHANNELS
-                                                          or self.prior != "data"):
+        if "min_prior_rows" in self.model_fields_set and (not self.data_prior or self.prior != "data"):
             raise ValueError("`min_prior_rows:` is the smallest number of rows a data prior (`prior: data`) of "
                              "pram-optimal or pram-invariant is taken from; this variable has no data prior "
                              f"(channel {self.channel}, prior {self.prior if isinstance(self.prior, str) else 'given'})"
-                             ": drop it" + (", or add `prior: data`" if self.channel in DATA_PRIOR_CHANNELS else ""))
+                             ": drop it" + (", or add `prior: data`" if self.data_prior else ""))
         return self
+
+    level_from: ClassVar[str] = "matrix"   # what sets the level of a channel that states none
+    adds_missing: ClassVar[bool] = False   # `missing: category` adds '<missing>' to the domain (else listed by hand)
 
     @property
     def stratum_columns(self) -> list[str]:
@@ -115,6 +105,18 @@ class CategoricalVariable(OneColumn, StatedLevel):
     @property
     def prior_epsilon(self) -> float:
         return self.prior.dp if isinstance(self.prior, PriorDP) else 0.0
+
+
+def _channels_with(key: str) -> list[str]:
+    """The categorical channel names whose spec model has the field `key` (the entries' models subclass
+    CategoricalVariable)."""
+    out, models = [], list(CategoricalVariable.__subclasses__())
+    while models:
+        m = models.pop(0)
+        models += m.__subclasses__()
+        if key in m.model_fields:
+            out += [c for c in get_args(m.model_fields["channel"].annotation) if c not in out]
+    return out
 
 
 def check_strata(spec, i: int, v, vp) -> None:
@@ -143,34 +145,6 @@ def check_strata(spec, i: int, v, vp) -> None:
              "categories": k},
             "coarsen the stratum column (e.g. age bands instead of single years; merge rare values), stratify on "
             "fewer columns, or drop `strata:`; `validation.min_expected:` sets the records needed per category")
-
-
-def check_custom_matrix(spec, i: int, v) -> None:
-    """A pram-custom matrix: one row per declared category, each a probability distribution; ε finite."""
-    m = np.asarray(v.matrix, dtype=float) if v.matrix and all(isinstance(r, list) for r in v.matrix) else None
-    if m is None or m.ndim != 2:
-        raise spec.error(("variables", i, "matrix"), "the matrix must be a list of rows of numbers",
-                         fix="write one row per category")
-    k = len(v.categories)
-    if m.shape[0] != k:
-        raise spec.error(("variables", i, "matrix"), f"{m.shape[0]} rows for {k} categories", fix="one row per category")
-    if len(set(map(str, v.categories))) != k:
-        raise spec.error(("variables", i, "categories"), "categories repeat", v.categories, "name each once")
-    for r, row in enumerate(m):
-        if not np.all(np.isfinite(row)) or np.any(row < 0):
-            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) has a negative or "
-                             "non-finite entry", row.tolist(), "probabilities are numbers in [0, 1]")
-        if abs(row.sum() - 1.0) > 1e-9:
-            raise spec.error(("variables", i, "matrix", r), f"row {r} ({v.categories[r]!r}) sums to "
-                             f"{row.sum():.12g}, not 1", row.tolist(),
-                             "each row is P(released | true) and must sum to 1")
-    if not v.public and math.isinf(dense_epsilon(m)):
-        raise spec.error(("variables", i, "matrix"), leak_problem(v.column), v.column, LEAK_FIX.format(col=v.column))
-    if not dense_condition(m) <= MAX_CONDITION:   # an analyst could not estimate it (pram_lib.core.codec)
-        raise spec.error(("variables", i, "matrix"), f"the matrix cannot be inverted (singular or nearly so: "
-                         f"condition number {dense_condition(m):.3g} > {MAX_CONDITION:g}): the variable's true "
-                         "distribution could not be estimated from the release", m.tolist(),
-                         "make the rows differ (no row a mix of the others), e.g. a larger diagonal")
 
 
 def value_key(x) -> object:
@@ -227,7 +201,7 @@ def public_domain(spec, i: int, v) -> tuple[tuple, str] | None:
         return declared_categories(v), domain_label(v)
     if isinstance(v.prior, PriorFile):
         cats = tuple(sorted(prior_reference(spec, i, v)["category"]))
-        if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "pram-accurate"):
+        if v.missing == "category" and MISSING not in cats and v.adds_missing:
             cats += (MISSING,)
         return cats, domain_label(v)
     if v.public:
@@ -252,7 +226,7 @@ def check_declared_domain(spec, i: int, v) -> None:
     if len(cats) < 2:
         raise spec.error(loc, f"needs at least 2 categories, {how} gives {len(cats)}", list(cats),
                          "declare every category of the variable")
-    if isinstance(v.prior, PriorFile) and v.channel in DATA_PRIOR_CHANNELS:
+    if isinstance(v.prior, PriorFile) and v.data_prior:
         listed = set(prior_reference(spec, i, v)["category"])
         lacking = [c for c in cats if c not in listed]
         if lacking:
@@ -261,10 +235,10 @@ def check_declared_domain(spec, i: int, v) -> None:
 
 
 def declared_categories(v) -> tuple:
-    """A variable's declared domain; with `missing: category`, '<missing>' is part of it (pram-optimal and
-    rr-uniform add it; a pram-custom or pram-invariant matrix must list it itself)."""
+    """A variable's declared domain; with `missing: category`, '<missing>' is part of it (added when the channel's
+    model `adds_missing`; a channel whose parameters name the categories must list it itself)."""
     cats = tuple(str(c) for c in v.categories)
-    if v.missing == "category" and MISSING not in cats and v.channel in ("pram-optimal", "pram-accurate", "rr-uniform"):
+    if v.missing == "category" and MISSING not in cats and v.adds_missing:
         cats += (MISSING,)
     return cats
 
@@ -366,64 +340,111 @@ def choose_prior(spec, i: int, v, counts: np.ndarray, cats: tuple,
 
 
 
-IDENTIFIABLE_FIX = {
-    "pram-custom": "give a matrix whose rows are linearly independent (e.g. a larger diagonal)",
-    "pram-invariant": "raise `min_diagonal:`, or use channel pram-optimal / rr-uniform",
-}
+class CategoricalEntry(ChannelEntry):
+    """A categorical `channel:` name: what the categorical driver asks of it. Its facts about the spec entry
+    (``states_level``, ``data_prior``, ``adds_missing``) are class attributes of its ``spec_model``."""
+
+    kind = "categorical"
+    codec = "categorical"    # keep-uniform or dense (pram_lib.core.codec reads and writes both)
+    identifiable_fix: ClassVar[str] = ("choose a different `epsilon:`, or use channel rr-uniform (invertible at "
+                                       "every ε > 0)")
+    parameter_field: ClassVar[str | None] = None   # the spec field a not identifiable channel is located at
+
+    @abstractmethod
+    def build(self, spec, i: int, v, cats: tuple, prior: Callable[[], tuple[np.ndarray, str]],
+              key: tuple = NO_STRATUM) -> tuple[Channel, str, float]:
+        """(channel, prior label, prior ε0) of one stratum over the domain `cats`, at the spec's level; `prior()`
+        chooses the prior when the channel needs one (it may read the stratum's counts)."""
+
+    def channel(self, spec, i: int, v, cats: tuple, prior: Callable[[], tuple[np.ndarray, str]],
+                key: tuple = NO_STRATUM, strata_columns: tuple = ()) -> tuple[Channel, str, float]:
+        """`build`, refused (located) when the estimator could not invert the channel."""
+        if v.unresolved_target:
+            raise unresolved_target_error(spec, i, v)
+        chosen = self.build(spec, i, v, cats, prior, key)
+        if not is_identifiable(chosen[0]):
+            # No numbers in the message: a data-prior channel is a function of the source.
+            where = "" if key == NO_STRATUM else " in one stratum (named under found)"
+            raise spec.error(("variables", i, self.parameter_field or ("epsilon" if v.epsilon is not None
+                                                                   else "channel")),
+                             f"the {v.channel} channel chosen{where} cannot be inverted: its matrix is singular or "
+                             "its condition number exceeds 1e12, so the true distribution could not be estimated "
+                             "from the release", None if key == NO_STRATUM else
+                             {"stratum": stratum_label(strata_columns, key)}, self.identifiable_fix)
+        return chosen
+
+    # -- planning (public information only) ---------------------------------------------------------------
+    def planning_prior(self, spec, i: int, v, cats: tuple) -> tuple[np.ndarray, str]:
+        """The public prior a channel is planned under: the prior file's, else uniform (a data or DP prior is
+        not read: planning stands in the uniform prior)."""
+        if isinstance(v.prior, PriorFile):
+            return choose_prior(spec, i, v, np.zeros(len(cats)), cats, 0, 0)
+        return np.full(len(cats), 1.0 / len(cats)), "uniform"
+
+    def planning_notes(self, v) -> list[str]:
+        """What `plan` says about how the variable is planned: its planning prior, strata, a DP prior's ε0, n."""
+        notes = []
+        if isinstance(v.prior, PriorFile):
+            notes.append(f"planning prior: the public prior file {v.prior.file}"
+                         + (" (the release's own)" if v.data_prior else ""))
+        elif v.data_prior and v.prior == "uniform":
+            notes.append("planning prior: uniform (the release's own)")
+        elif v.data_prior:
+            what = ("the source's frequencies" if v.prior == "data" else
+                    f"a DP histogram of the source (ε0 = {v.prior.dp:g})")
+            notes.append(f"planning prior: uniform (the release chooses the matrix from {what}, which planning "
+                         "does not read: the released matrix and its standard errors will differ)")
+        else:
+            notes.append("planning prior: uniform (the channel does not depend on the data; the shares it is "
+                         "planned at are an assumption)")
+        if v.strata:
+            notes.append(f"strata {', '.join(v.strata)}: planned for the overall shares, assuming every stratum "
+                         "has the same channel and planning shares (true of a uniform or file prior)")
+        if isinstance(v.prior, PriorDP):
+            notes.append(f"ε spent = the channel's ε + ε0 ({v.prior.dp:g}, the DP histogram)")
+        if v.missing == "keep":
+            notes.append("n counts the records with a value (missing values are released as missing)")
+        return notes
+
+    def planning_channel(self, spec, i: int, v, cats: tuple, prior: tuple[np.ndarray, str],
+                         level: float | None) -> Channel:
+        """The channel the release would build from the planning prior at ε = level (None: the spec's own)."""
+        w = v if level is None or not v.states_level else v.model_copy(update={"alpha": level, "gamma": None,
+                                                                               "target": None})
+        return self.channel(spec, i, w, cats, lambda: prior)[0]
+
+    def planning_variance(self, channel: Channel, shares: np.ndarray, n: float) -> np.ndarray | None:
+        """Var of each share's unbiased estimate for n records drawn from `shares` (None: the estimator would
+        refuse the channel as singular); the estimator's own operators (pram_lib.core.estimate)."""
+        return share_variance(channel, shares, n)
 
 
-def _channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp,
-             prior: tuple[np.ndarray, str] | None = None):
-    """The channel of one stratum: (channel, prior label, prior ε0), checked to be identifiable. `prior`: (p, label)
-    already chosen (planning builds one variable's channel at many ε)."""
-    chosen = _build_channel(spec, i, v, counts, cats, seed, j, key, vp, prior)
-    if not is_identifiable(chosen[0]):
-        # No numbers in the message: a data-prior channel is a function of the source.
-        where = "" if key == NO_STRATUM else " in one stratum (named under found)"
-        raise spec.error(("variables", i, "epsilon" if v.epsilon is not None else "channel"),
-                         f"the {v.channel} channel chosen{where} cannot be inverted: its matrix is singular or its "
-                         "condition number exceeds 1e12, so the true distribution could not be estimated from the "
-                         "release", None if key == NO_STRATUM else {"stratum": stratum_label(vp.strata_columns, key)},
-                         IDENTIFIABLE_FIX.get(v.channel, "choose a different `epsilon:`, or use channel rr-uniform "
-                                              "(invertible at every ε > 0)"))
-    return chosen
+NO_DATA_PRIOR = "none (channel does not depend on the data)"   # the prior label of a channel that reads no prior
 
 
-def _build_channel(spec, i: int, v, counts: np.ndarray, cats: tuple, seed: int, j: int, key: tuple, vp,
-                   prior: tuple[np.ndarray, str] | None = None):
-    from pram_lib.channels.accurate import accurate_pram
-    from pram_lib.channels.pram import optimal_pram
-    from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr, usable_epsilon
-
-    none = "none (channel does not depend on the data)"
-    if v.unresolved_target:
-        raise unresolved_target_error(spec, i, v)
-    if v.channel == "rr-uniform":
-        return uniform_rr(len(cats), epsilon=v.epsilon, variable=v.column, categories=cats), none, 0.0
-    if v.channel == "pram-custom":
-        return custom_channel(np.asarray(v.matrix, dtype=float), cats, variable=v.column), none, 0.0
-    p, prior_label = prior or choose_prior(spec, i, v, counts, cats, seed, j, stratum_label(vp.strata_columns, key))
-    if v.channel == "pram-optimal":
-        return (optimal_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats), prior_label,
-                v.prior_epsilon)
-    if v.channel == "pram-accurate":
-        return (accurate_pram(p, usable_epsilon(v.epsilon), variable=v.column, categories=cats), prior_label,
-                v.prior_epsilon)
-    if np.any(p <= 0):  # pram-invariant
-        empty = [c for c, x in zip(cats, p) if x <= 0]
-        raise spec.error(("variables", i, "categories" if v.categories is not None else "prior"),
-                         f"categories with no records{'' if key == NO_STRATUM else f' in stratum {key}'}"
-                         ": invariant PRAM would keep them apart and its matrix is then singular",
-                         empty, "drop them from `categories:`, or use channel pram-optimal / rr-uniform")
-    return (invariant_pram(p, min_diagonal=v.min_diagonal, variable=v.column, categories=cats), prior_label,
-            v.prior_epsilon)
+def stated_level_privacy(v) -> Claim:
+    """The privacy map of a channel built at the spec's level: ε-LDP at its ε (plus a DP prior's ε0); an
+    unresolved target: known once resolved; a public variable claims none."""
+    if v.public:
+        return Public()
+    if v.epsilon is None:
+        return FromData(v.prior_epsilon)
+    return LDP(v.prior_epsilon + v.epsilon)
 
 
 class Categorical(Family):
+    """The driver of every categorical entry: profiles, perturbs, estimates and gates them alike. The registry
+    (pram_lib.families) builds it with its entries."""
+
     kind = "categorical"
-    channels = ("pram-optimal", "pram-accurate", "rr-uniform", "pram-custom", "pram-invariant")
     slot = "variables"
     spec_model = CategoricalVariable
+
+    def __init__(self, entries: dict[str, CategoricalEntry]):
+        self.entries = entries
+
+    def entry(self, v) -> CategoricalEntry:
+        return self.entries[v.channel]
 
     def check_spec(self, spec, i, v):
         for j, s in enumerate(v.strata):
@@ -431,23 +452,16 @@ class Categorical(Family):
                 raise spec.error(("variables", i, "strata", j),
                                  "a stratum column must be released unchanged so analysts can use it", s,
                                  f"add {s!r} to `passthrough:` (the report flags it)")
-        if v.channel == "pram-custom":
-            check_custom_matrix(spec, i, v)
         check_declared_domain(spec, i, v)
+        self.entry(v).check(spec, i, v)
 
     def static_epsilon(self, v):
-        if v.public:
-            return 0.0   # no privacy claimed
-        if v.epsilon is not None:
-            return v.prior_epsilon + v.epsilon
-        if v.channel == "pram-custom":
-            return v.prior_epsilon + dense_epsilon(np.asarray(v.matrix, dtype=float))
-        # pram-invariant: its matrix's ε follows from the data; an unresolved target: from resolving it (both
-        # epsilon_from_data, so the ledger reserves the budget until it is known)
-        return v.prior_epsilon
+        # A channel chosen from the data (FromData) spends what the spec fixes now; the ledger reserves the
+        # budget until its ε is known (epsilon_from_data).
+        return self.entry(v).privacy(v).spends
 
     def epsilon_from_data(self, v):
-        return (v.channel == "pram-invariant" or v.unresolved_target) and not v.public
+        return isinstance(self.entry(v).privacy(v), FromData)
 
     def public_domain(self, spec, i, v):
         return public_domain(spec, i, v)
@@ -507,7 +521,11 @@ class Categorical(Family):
         check_strata(spec, i, v, vp)  # the gate's χ² checks need enough records per stratum
         out = []
         for j, key in enumerate(vp.strata):
-            ch, prior, prior_eps = _channel(spec, i, v, vp.counts[key], vp.categories, seed, j, key, vp)
+            counts = vp.counts[key]
+            ch, prior, prior_eps = self.entry(v).channel(
+                spec, i, v, vp.categories,
+                lambda: choose_prior(spec, i, v, counts, vp.categories, seed, j, stratum_label(vp.strata_columns, key)),
+                key, vp.strata_columns)
             out.append(Assignment(v.column, key, vp.strata_columns, ch, prior, prior_eps, v.public))
         return out
 
@@ -715,5 +733,3 @@ def _stratum_index(plan, vplan: CategoricalPlan, v, df: pd.DataFrame) -> np.ndar
         lut[cell] = vplan.strata[key]
     return lut[combined]
 
-
-FAMILY = Categorical()

@@ -349,7 +349,6 @@ class Group(Family):
     """The group driver: releases every group channel entry (GroupEntry) through the engine's steps."""
 
     kind = "group"
-    channels = ()          # every group channel is an entry (pram_lib.families.ENTRIES)
     slot = "groups"
 
     def __init__(self, entries: dict[str, GroupEntry]):

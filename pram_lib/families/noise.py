@@ -551,7 +551,6 @@ class Noise(Family):
     """The continuous driver: releases every noise entry (NoiseEntry) through the engine's steps."""
 
     kind = "continuous"
-    channels = ()          # every noise channel is an entry (pram_lib.families.ENTRIES)
     slot = "numeric"
 
     def __init__(self, entries: dict[str, NoiseEntry]):

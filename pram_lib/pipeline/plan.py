@@ -34,51 +34,20 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtri
 
-from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, NonIdentifiableError, _ops
-from pram_lib.core.model import MISSING, NO_STRATUM, VariableProfile
+from pram_lib.core.estimate import NonIdentifiableError, share_variance, variance_coefficients  # noqa: F401
+from pram_lib.core.model import MISSING
 from pram_lib.families import entry_of, family_of
 from pram_lib.families.base import Target
-from pram_lib.families.categorical import (DATA_PRIOR_CHANNELS, PriorDP, PriorFile, _channel, choose_prior,
-                                           count_values, declared_categories, prior_reference)
+from pram_lib.families.categorical import PriorFile, count_values, prior_reference
 from pram_lib.families.group import MAX_PAIR_CELLS
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 
 GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
-LEVEL_CHANNELS = ("pram-optimal", "pram-accurate", "rr-uniform")   # categorical channels built at a stated ε
 ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of records: public information, read "
             "by `pram-release plan` and to resolve a `target:`), or give `--rows N`")
 
 
 # -- closed forms ---------------------------------------------------------------------------------------
-def _usable_ops(channel):
-    """The estimator's operators for `channel`, or None when the estimator would refuse it as singular."""
-    try:
-        ops = _ops(channel)
-    except NonIdentifiableError:
-        return None
-    cond = ops.condition()
-    return ops if np.isfinite(cond) and cond <= DEFAULT_MAX_CONDITION else None
-
-
-def share_variance(channel, p: np.ndarray, n: float) -> np.ndarray | None:
-    """Var of each share's unbiased estimate: diag(G diag(m) G^T − p p^T) / n with m = M^T p (the estimator's own
-    operators, O(S) for a keep-uniform channel); None when the estimator would refuse the channel as singular."""
-    ops = _usable_ops(channel)
-    if ops is None:
-        return None
-    p = np.asarray(p, dtype=float)
-    return np.maximum(ops.var_diag(ops.mt(p), p), 0.0) / n
-
-
-def variance_coefficients(channel) -> np.ndarray | None:
-    """C with n Var(p̂_x) = (C p)_x − p_x² for every true distribution p: C[x, z] = Σ_y G_xy² M_zy (column z is
-    (G∘G) M^T e_z); None when the estimator would refuse the channel as singular."""
-    ops = _usable_ops(channel)
-    if ops is None:
-        return None
-    unit = np.eye(channel.n_inputs)
-    zero = np.zeros(channel.n_inputs)
-    return np.column_stack([ops.var_diag(ops.mt(e), zero) for e in unit])
 
 
 def _split(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -225,20 +194,10 @@ def _grid(level: float) -> list[float]:
 def _planning_channels(spec: ReleaseSpec, i: int, v, cats: tuple) \
         -> tuple[np.ndarray, Callable[[float | None], object]]:
     """(the planning shares, ε -> the channel the release would build from the public planning prior at ε; at
-    None: the fixed matrix of pram-custom or pram-invariant)."""
-    k = len(cats)
-    planning = v.prior if isinstance(v.prior, PriorFile) or v.prior == "uniform" else "uniform"
-    base = v.model_copy(update={"prior": planning})
-    prior = (choose_prior(spec, i, base, np.zeros(k), cats, 0, 0) if isinstance(planning, PriorFile)
-             else (np.full(k, 1.0 / k), "uniform"))
-    shares = prior[0]
-    no_data = VariableProfile(v.column, cats, False, (), [NO_STRATUM], {NO_STRATUM: np.zeros(k)}, {NO_STRATUM: 0})
-
-    def build(level: float | None):
-        w = base if level is None else base.model_copy(update={"alpha": level, "gamma": None})
-        return _channel(spec, i, w, np.zeros(k), cats, 0, 0, NO_STRATUM, no_data, prior=prior)[0]
-
-    return shares, build
+    None: the spec's own level, or the fixed matrix of a channel that states none)."""
+    entry = entry_of(v)
+    prior = entry.planning_prior(spec, i, v, cats)
+    return prior[0], lambda level: entry.planning_channel(spec, i, v, cats, prior, level)
 
 
 def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: str, n: int, n_from: str) \
@@ -249,38 +208,18 @@ def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: st
     if k < 2:
         vp.not_planned = "fewer than 2 categories: nothing to estimate"
         return vp
-    chosen_from_prior = v.channel in DATA_PRIOR_CHANNELS
-    if isinstance(v.prior, PriorFile):
-        vp.notes.append(f"planning prior: the public prior file {v.prior.file}"
-                        + (" (the release's own)" if chosen_from_prior else ""))
-    elif chosen_from_prior and v.prior == "uniform":
-        vp.notes.append("planning prior: uniform (the release's own)")
-    elif chosen_from_prior:
-        what = ("the source's frequencies" if v.prior == "data" else
-                f"a DP histogram of the source (ε0 = {v.prior.dp:g})")
-        vp.notes.append(f"planning prior: uniform (the release chooses the matrix from {what}, which planning "
-                        "does not read: the released matrix and its standard errors will differ)")
-    else:
-        vp.notes.append("planning prior: uniform (the channel does not depend on the data; the shares it is "
-                        "planned at are an assumption)")
-    if v.strata:
-        vp.notes.append(f"strata {', '.join(v.strata)}: planned for the overall shares, assuming every stratum "
-                        "has the same channel and planning shares (true of a uniform or file prior)")
-    if isinstance(v.prior, PriorDP):
-        vp.extra_epsilon = v.prior.dp
-        vp.notes.append(f"ε spent = the channel's ε + ε0 ({v.prior.dp:g}, the DP histogram)")
-    if v.missing == "keep":
-        vp.notes.append("n counts the records with a value (missing values are released as missing)")
-
+    entry = entry_of(v)
+    vp.notes += entry.planning_notes(v)
+    vp.extra_epsilon = v.prior_epsilon     # a DP prior's ε0, spent besides the channel's ε
     if v.target_details is not None:
         vp.notes.append(target_note(spec, v))
     shares, build = _planning_channels(spec, i, v, cats)
     est = Estimand(v.key, "share", [(c,) for c in cats], shares, method="unbiased (inversion)")
-    levels = _grid(v.epsilon) if v.channel in LEVEL_CHANNELS else [None]   # None: a fixed matrix, one point
+    levels = _grid(v.epsilon) if v.states_level else [None]   # None: a fixed matrix, one point
     for level in levels:
         ch = build(level)
         level = float(ch.epsilon) if level is None else level
-        var = share_variance(ch, shares, n)
+        var = entry.planning_variance(ch, shares, n)
         est.se[level] = np.full(k, np.nan) if var is None else np.sqrt(var)
         if var is None:
             vp.notes.append(f"at ε = {level:.4g} the channel is singular: the release could not estimate the "
@@ -353,7 +292,7 @@ def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: flo
     shares, build = _planning_channels(spec, i, v, cats)
 
     def halfwidths(eps: float) -> np.ndarray | None:
-        var = share_variance(build(eps), shares, n)
+        var = entry_of(v).planning_variance(build(eps), shares, n)
         return None if var is None else z * np.sqrt(var)
 
     def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray] | None:
@@ -470,7 +409,7 @@ def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict
         raise spec.error(("variables", i, "target"), f"a target is an accuracy for a number of records, and the "
                          f"spec states none for {v.key!r} (no `rows:`, no prior file with a `count` column)", None,
                          "declare `rows: N` at the top of the spec (the planned number of records: public "
-                         "information)" + ("" if group or v.channel != "pram-optimal" else ", or plan with a public "
+                         "information)" + ("" if group or not v.data_prior else ", or plan with a public "
                          "prior file with a `count` column (`prior: {file: ref.csv}`)") + ", or state the level "
                          "with `alpha:` instead")
     n, n_from = rows
@@ -491,7 +430,7 @@ def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict
             raise spec.error(("variables", i, "target", "share_at_least"), f"no category of {v.key!r} has a "
                              f"planning share of at least {s:g} (planning prior: {curve.planning}; the largest "
                              f"share is {curve.shares.max():.4g})", s,
-                             "lower `share_at_least:`" + ("" if group or v.channel == "rr-uniform" else
+                             "lower `share_at_least:`" + ("" if group or not v.data_prior else
                                                          ", or plan with a public prior `prior: {file: ref.csv}`"))
         if t.relative is not None and np.any(curve.shares[which] <= 0):
             raise spec.error(("variables", i, "target", "relative"), "a relative target of a share 0 is a "
@@ -674,7 +613,7 @@ def planned_largest_halfwidths(spec: ReleaseSpec, i: int, v, cats, n: float,
     if len(cats) < 2:
         return {v.key: 0.0}
     shares, build = _planning_channels(spec, i, v, tuple(cats))
-    var = share_variance(build(v.epsilon if v.channel in LEVEL_CHANNELS else None), shares, n)
+    var = entry_of(v).planning_variance(build(None), shares, n)
     return {v.key: math.nan if var is None else z * math.sqrt(float(np.max(var)))}
 
 
@@ -718,7 +657,8 @@ def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile) -> d
     for a in assignments:
         counts = np.asarray(vp.counts[a.stratum], dtype=float)
         if counts.sum() > 0:
-            parts.append((counts.sum(), share_variance(a.channel, counts / counts.sum(), counts.sum())))
+            parts.append((counts.sum(), entry_of(v).planning_variance(a.channel, counts / counts.sum(),
+                                                                      counts.sum())))
     total = sum(n_s for n_s, _ in parts)
     if not parts or any(var is None for _, var in parts):
         return {v.key: math.nan}

@@ -20,39 +20,17 @@ import pytest
 import yaml
 
 from pram_lib.pipeline import publish, release, stream
+from examples import EXAMPLES, source
 from pram_lib.families import BY_CHANNEL, ENTRIES, REGISTRY
 from pram_lib.spec import CHANNELS, load_spec
-from synth import declared
 
 N = 3_000
 LEVEL = 0.8
-VARIABLES = {
-    "pram-optimal": {"column": "size", "channel": "pram-optimal", "alpha": 1.5, "prior": "uniform"},
-    "pram-accurate": {"column": "size", "channel": "pram-accurate", "alpha": 1.5, "prior": "uniform"},
-    "rr-uniform": {"column": "size", "channel": "rr-uniform", "gamma": 4.0},
-    "pram-custom": {"column": "colour", "channel": "pram-custom", "categories": ["blue", "green", "red"],
-                    "matrix": [[0.7, 0.2, 0.1], [0.15, 0.7, 0.15], [0.1, 0.2, 0.7]]},
-    "pram-invariant": {"column": "colour", "channel": "pram-invariant", "min_diagonal": 0.6},
-    "rr-independent": {"columns": ["colour", "size"], "channel": "rr-independent", "alpha": 2.0},
-    "rr-joint": {"columns": ["colour", "size"], "channel": "rr-joint", "alpha": 2.0},
-    "rr-clusters": {"columns": ["colour", "size", "region"], "channel": "rr-clusters", "alpha": 3.0,
-                    "clustering": {"public": [["colour", "size"], ["region"]]}},
-    "gamma-noise": {"column": "score", "channel": "gamma-noise", "theta": 0.6, "eta": 3.0,
-                    "accept_lower_protection": True},
-    "laplace-noise": {"column": "score", "channel": "laplace-noise", "eta": 3.0, "accept_lower_protection": True},
-}
-VARIABLES.update({c: declared(v) for c, v in VARIABLES.items()   # every categorical domain declared (public)
-                  if BY_CHANNEL[c].kind != "continuous" and "categories" not in v})
+VARIABLES = {name: example()[0] for name, example in EXAMPLES.items()}   # tests/contract/examples.py
 
 
 def _source(n: int = N, seed: int = 3) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "colour": rng.choice(["red", "green", "blue"], size=n, p=[0.5, 0.3, 0.2]),
-        "size": rng.choice(["S", "M", "L", "XL"], size=n, p=[0.4, 0.3, 0.2, 0.1]),
-        "region": rng.choice(["north", "south"], size=n, p=[0.6, 0.4]),
-        "score": np.round(rng.gamma(4.0, 10.0, size=n), 1),
-    })
+    return source(n, seed)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +53,8 @@ def _spec(folder, channel: str):
 
 def test_the_registry_serves_every_channel_a_spec_accepts():
     assert set(BY_CHANNEL) == set(CHANNELS)
-    assert sum(len(f.channels) for f in REGISTRY) + len(ENTRIES) == len(CHANNELS)   # no name served twice
+    assert len({e.name for e in ENTRIES}) == len(ENTRIES) == len(CHANNELS)   # no name served twice
+    assert {e.kind for e in ENTRIES} == {f.kind for f in REGISTRY}        # every entry has its driver
     assert set(VARIABLES) == set(CHANNELS)                            # and this contract covers them all
 
 

@@ -158,7 +158,10 @@ def test_stratify_orders_keys_and_indexes_rows():
     """The engine's strata: keys sorted with missing last (pass 1), each row's stratum number (pass 2)."""
     from types import SimpleNamespace
 
-    from pram_lib.families.categorical import FAMILY, _stratum_index
+    from pram_lib.families import DRIVERS
+    from pram_lib.families.categorical import _stratum_index
+
+    FAMILY = DRIVERS["categorical"]
 
     df = pd.DataFrame({"r": ["b", "a", None, "b"], "c": ["x", "y", "x", "y"]})
     v = SimpleNamespace(column="c", key="c", strata=["r"], categories=["x", "y"], missing="keep", channel="rr-uniform")
