@@ -113,15 +113,17 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.special import chdtri, ndtri
+from scipy.special import chdtri
 
 from pram_lib.channels.adjust import RakingResult, rake
 from pram_lib.core.channel import Channel
 from pram_lib.core.codec import check_entry
+from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.estimate import estimate_distribution, project_to_simplex
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.jsonable import to_json
 from pram_lib.core.perturb import sample_keep_uniform
+from pram_lib.core.quantile import z_value
 
 __all__ = [
     "GroupChannel", "group_channel", "rr_independent", "rr_joint", "rr_clusters",
@@ -554,7 +556,7 @@ class GroupChannel:
 
     @property
     def gamma(self) -> float:
-        return math.exp(self.epsilon) if self.epsilon < 709.0 else math.inf  # e^709.79 overflows float64
+        return gamma_of(self.epsilon)
 
     # -- publication -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -562,7 +564,7 @@ class GroupChannel:
         clusters = []
         for c, k, e, p, q in zip(self.clusters, self.cluster_sizes, self.cluster_epsilons, self.keep, self.move):
             clusters.append({"attributes": [self.attributes[j] for j in c], "indices": list(c), "cells": k,
-                             "epsilon": e, "gamma": math.exp(e), "keep": p, "move_each": q})
+                             "epsilon": e, "gamma": gamma_of(e), "keep": p, "move_each": q})
         return {
             "family": "multi-rr",
             "method": self.method,
@@ -838,7 +840,7 @@ def _grr_closed_form(counts: np.ndarray, keep: float, level: float) -> dict[str,
     d = keep - q
     est = (lam - q) / d
     se = np.sqrt(np.maximum(lam * (1.0 - lam), 0.0) / n) / d
-    z = float(ndtri(0.5 + level / 2.0))
+    z = z_value(level)
     # MLE on the simplex: p = max(λ/ν − c, 0), c = q/d, Σp = 1 (water-filling over the observed cells)
     c = q / d
     obs = np.flatnonzero(lam > 0)
@@ -1004,7 +1006,7 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
         others = np.prod([q["estimate"] for h, q in enumerate(parts) if h != g], axis=0)
         var += (others * p["se"]) ** 2
     se = np.sqrt(var)
-    z = float(ndtri(0.5 + level / 2.0))
+    z = z_value(level)
     cols = {"estimate": est, "se": se, "lower": est - z * se, "upper": est + z * se,
             "projected": np.prod([p["projected"] for p in parts], axis=0),
             "mle": np.prod([p["mle"] for p in parts], axis=0)}

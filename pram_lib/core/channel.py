@@ -13,7 +13,7 @@ import pandas as pd
 
 from pram_lib.core import perturb as _perturb
 from pram_lib.core.codec import check_entry
-from pram_lib.core.epsilon import dense_epsilon, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
+from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.jsonable import to_json
 
@@ -79,7 +79,7 @@ class Channel:
     @property
     def gamma(self) -> float:
         """Chai–Nayak parity bound γ = e^ε (every Bayes factor lies in [1/γ, γ])."""
-        return float(np.exp(self.epsilon)) if np.isfinite(self.epsilon) else float("inf")
+        return gamma_of(self.epsilon)
 
     # -- structure ---------------------------------------------------------------------------
     @property

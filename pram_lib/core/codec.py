@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pram_lib.core.epsilon import dense_epsilon, keep_uniform_epsilon
+from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_epsilon
 from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, _Dense, _KeepUniform
 
 ROW_SUM_TOLERANCE = 1e-9      # |Σ_z M[x, z] − 1| (the spec's custom matrices are held to the same)
@@ -423,7 +423,7 @@ def _gamma_claim(doc: Mapping, path: str, name: str, eps: float) -> None:
     if "gamma" not in doc:
         return
     gamma = _number(doc, "gamma", path, name, allow_inf=True)
-    expected = math.exp(eps) if eps < 700 else math.inf
+    expected = gamma_of(eps)
     if not (math.isinf(expected) and gamma > 1e300) and not math.isclose(gamma, expected,
                                                                          rel_tol=EPSILON_TOLERANCE):
         raise EntryError(f"{path}.gamma", name, f"is {gamma!r} but e^ε = {expected!r} for ε = {eps!r}")

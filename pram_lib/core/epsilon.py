@@ -1,9 +1,21 @@
 """The smallest ε for which a categorical channel's matrix is ε-LDP: the largest log ratio within a column,
-max_z log(max_x M[x, z] / min_x M[x, z]) (an output no input can produce imposes nothing: 0/0 counts as 1)."""
+max_z log(max_x M[x, z] / min_x M[x, z]) (an output no input can produce imposes nothing: 0/0 counts as 1); and γ = e^ε (:func:`gamma_of`), computed
+here only."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+
+def gamma_of(epsilon: float) -> float:
+    """γ = e^ε, the bound on every Bayes factor of an ε-LDP channel; inf where e^ε exceeds the largest float
+    (ε > 709.78) or ε is infinite."""
+    try:
+        return math.exp(epsilon)
+    except OverflowError:
+        return math.inf
 
 
 def keep_uniform_epsilon(keep: np.ndarray) -> float:

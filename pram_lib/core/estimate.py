@@ -48,7 +48,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 from scipy.linalg import null_space, solve_triangular
-from scipy.special import ndtri
+
+from pram_lib.core.quantile import z_value
 
 DENSE_COV_MAX_S = 2000  # family (8): above this S no S×S covariance is built
 DEFAULT_MAX_CONDITION = 1e12
@@ -472,7 +473,7 @@ def em_mle(channel, counts, *, tol: float = 1e-12, max_iter: int = 100000, start
     _check_support(channel, ops, mhat)
     k = channel.n_inputs
     p = np.full(k, 1.0 / k) if start is None else np.asarray(start, dtype=float).copy()
-    return _em(ops, mhat, p, tol, max_iter, accelerate)
+    return run_em(ops, mhat, p, tol, max_iter, accelerate)
 
 
 def _grad(ops, mhat, p):
@@ -484,7 +485,9 @@ def _grad(ops, mhat, p):
     return ops.mu(ratio)
 
 
-def _em(ops, mhat, p, tol, max_iter, accelerate, kkt_tol=1e-9):
+def run_em(ops, mhat, p, tol, max_iter, accelerate, kkt_tol=1e-9):
+    """The EM / SQUAREM iterations of :func:`em_mle` on any operators with ``mt`` (M^T p) and ``mu`` (M u), from
+    ``p``; returns (p, map evaluations, converged)."""
     live = mhat > 0
 
     def grad(p):
@@ -646,13 +649,13 @@ def _mle(ops, mhat, p_inv, n_outputs, em_tol, em_max_iter):
     if isinstance(ops, _KeepUniform) or s <= NEWTON_MAX_K:
         # a few SQUAREM-EM steps from the uniform start, then Newton on the support to machine precision
         # (KKT-certified); if the polish fails, EM carries on to em_tol
-        p_em, iters, _ = _em(ops, mhat, start, max(em_tol, 1e-6), min(em_max_iter, EM_BEFORE_NEWTON), True)
+        p_em, iters, _ = run_em(ops, mhat, start, max(em_tol, 1e-6), min(em_max_iter, EM_BEFORE_NEWTON), True)
         mle, newton_iters, conv = _newton_polish(ops, mhat, p_em)
         if conv:
             return mle, iters, newton_iters, True, "em+newton"
-        mle, more, conv = _em(ops, mhat, p_em, em_tol, max(em_max_iter - iters, 1), True)
+        mle, more, conv = run_em(ops, mhat, p_em, em_tol, max(em_max_iter - iters, 1), True)
         return mle, iters + more, newton_iters, conv, "em"
-    mle, iters, conv = _em(ops, mhat, start, em_tol, em_max_iter, True)
+    mle, iters, conv = run_em(ops, mhat, start, em_tol, em_max_iter, True)
     return mle, iters, 0, conv, "em"
 
 
@@ -694,7 +697,7 @@ def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float
         cov = (cov + cov.T) / 2.0
         var = np.diag(cov).copy()
     se = np.sqrt(np.maximum(var, 0.0))
-    z = float(ndtri(0.5 + level / 2.0))
+    z = z_value(level)
     projected = project_to_simplex(p_inv)
 
     mle, iters, newton_iters, conv, how = _mle(ops, mhat, p_inv, channel.n_outputs, em_tol, em_max_iter)

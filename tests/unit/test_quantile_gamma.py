@@ -1,0 +1,52 @@
+"""The one normal quantile (core.quantile.z_value) and the one γ = e^ε (core.epsilon.gamma_of)."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import pytest
+
+from pram_lib.core.epsilon import gamma_of
+from pram_lib.core.guarantee import LDP
+from pram_lib.core.quantile import z_value
+
+
+@pytest.mark.parametrize("confidence", [0.5, 0.8, 0.9, 0.95, 0.99, 0.999])
+def test_z_value_is_the_two_sided_normal_quantile(confidence):
+    z = z_value(confidence)
+    # P(|N(0,1)| <= z) = 2 Φ(z) − 1, Φ from the standard library (an independent implementation, erf-based)
+    assert 2 * NormalDist().cdf(z) - 1 == pytest.approx(confidence, abs=1e-12)
+
+
+def test_z_value_at_95_percent():
+    assert z_value(0.95) == pytest.approx(1.959963984540054, rel=1e-14)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -0.1, 1.5, math.nan])
+def test_z_value_refuses_a_level_outside_0_1(bad):
+    with pytest.raises(ValueError, match="confidence must be between 0 and 1"):
+        z_value(bad)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.5, math.log(3), 50.0, 705.0, 709.7])
+def test_gamma_of_is_e_to_the_epsilon_where_it_is_a_float(eps):
+    assert gamma_of(eps) == pytest.approx(math.exp(eps), rel=1e-15)
+
+
+@pytest.mark.parametrize("eps", [709.8, 1e4, math.inf])
+def test_gamma_of_is_inf_beyond_the_largest_float(eps):
+    assert gamma_of(eps) == math.inf
+
+
+def test_every_gamma_is_the_same_function():
+    """The guarantee, a channel and the published check agree at the edge where they used to differ
+    (ε in (700, 709.78): e^ε is a finite float)."""
+    from pram_lib.core.channel import Channel
+    import numpy as np
+
+    eps = 705.0
+    assert LDP(eps).gamma == math.exp(eps)
+    keep = 1.0 / (1.0 + math.exp(-eps))          # 2-RR with ε = log(keep / (1 − keep))
+    ch = Channel(variables=("x",), categories=("a", "b"), method="t", keep=np.array([keep, keep]))
+    assert ch.gamma == gamma_of(ch.epsilon)
