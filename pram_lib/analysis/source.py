@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pram_lib.analysis.axes import AxisChannel, Dense, keep_uniform_axis
+from pram_lib.analysis.axes import AxisChannel, dense_axis, keep_uniform_axis
 from pram_lib.core.codec import EntryError, check_document
 
 BATCH_ROWS = 1 << 20
@@ -46,7 +46,7 @@ class CategoricalColumn:
                                "has no channel for it; the data and channels.json do not belong together")
         if e["family"] == "keep-uniform":
             return keep_uniform_axis(np.asarray(e["keep"], dtype=float), self.name)
-        return Dense(np.asarray(e["matrix"], dtype=float), self.name)
+        return dense_axis(np.asarray(e["matrix"], dtype=float), self.name)
 
 
 @dataclass(frozen=True)

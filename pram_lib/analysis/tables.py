@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pram_lib.analysis.axes import AxisChannel, Identity, UniformRR
+from pram_lib.analysis.axes import AxisChannel, Identity, krr_axis
 from pram_lib.analysis.source import CategoricalColumn, GroupColumn, PublicColumn, ReleaseData, ReleaseError
 from pram_lib.core.estimate import project_to_simplex, run_em
+from pram_lib.core.operators import KaryRR
 from pram_lib.core.quantile import z_value
 
 MAX_TABLE_CELLS = 2_000_000   # true cells of a table (the estimate itself)
@@ -103,9 +104,7 @@ class Deconvolver:
                     ops[uid] = info.axis(tuple(key_of[s] for s in info.strata_columns))
                 elif isinstance(info, GroupColumn):
                     k_sub = int(np.prod([len(self.infos[j].categories) for j in members]))
-                    kc = info.cluster_cells
-                    move = (1.0 - info.keep) / (kc - 1) if kc > 1 else 0.0
-                    ops[uid] = UniformRR(k_sub, info.keep + (kc // k_sub - 1) * move)
+                    ops[uid] = krr_axis(k_sub, KaryRR(info.cluster_cells, info.keep).on_factor(k_sub).keep)
                 else:
                     ops[uid] = Identity(self.released_dims[members[0]])
             index = [slice(None)] * len(axis_of)

@@ -11,11 +11,12 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pram_lib.core import perturb as _perturb
 from pram_lib.core.codec import check_entry
 from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.jsonable import to_json
+from pram_lib.core.operators import ChannelOperators, DenseOperators, KeepUniformOperators
+from pram_lib.core.perturb import sample_dense, sample_keep_uniform
 
 MISSING = -1  # code of a missing value; it stays missing through every channel
 
@@ -95,35 +96,28 @@ class Channel:
         return self.keep is not None
 
     @property
+    def operators(self) -> ChannelOperators:
+        """Its linear algebra (pram_lib.core.operators): M^T p, the inversion, the estimator's variances."""
+        return KeepUniformOperators(self.keep) if self.keep is not None else DenseOperators(self.dense)
+
+    @property
     def matrix(self) -> np.ndarray:
         """The dense matrix M[x, z]; built on demand for family (8) (O(S^2) memory)."""
-        if self.dense is not None:
-            return np.array(self.dense)
-        s = self.n_inputs
-        q = self.keep
-        m = np.repeat(((1.0 - q) / max(s - 1, 1))[:, None], s, axis=1)
-        np.fill_diagonal(m, q)
-        return m
+        return np.array(self.dense) if self.dense is not None else self.operators.matrix()
 
     def marginal(self, p: Sequence[float]) -> np.ndarray:
         """Distribution of the released value when the true one has distribution p: m = M^T p."""
-        p = np.asarray(p, dtype=float)
-        if self.keep is not None:
-            s = self.n_inputs
-            d = (s * self.keep - 1.0) / (s - 1)
-            t = float(np.sum(p * (1.0 - self.keep))) / (s - 1)
-            return d * p + t
-        return p @ self.dense
+        return self.operators.mt(np.asarray(p, dtype=float))
 
     # -- data path ----------------------------------------------------------------------------
     def perturb_codes(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Perturb integer codes 0..k-1 (MISSING = -1 stays missing); returns output codes (int64)."""
         codes = np.asarray(codes)
         if self.keep is not None:  # the kernel checks the range in its pass
-            return _perturb.sample_keep_uniform(codes, self.keep, rng)
+            return sample_keep_uniform(codes, self.keep, rng)
         if codes.size and (codes.max() >= self.n_inputs or codes.min() < MISSING):
             raise ValueError(f"codes must lie in [-1, {self.n_inputs - 1}]")
-        return _perturb.sample_dense(codes, self.dense, rng)
+        return sample_dense(codes, self.dense, rng)
 
     def perturb(self, values: Any, rng: np.random.Generator) -> Any:
         """Perturb labels (pandas Series / array of category labels; missing stays missing).

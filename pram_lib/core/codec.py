@@ -9,7 +9,7 @@ What is checked (the maths each reader relies on):
 - the claimed ε (the entry's and its guarantee's) is at least the matrix's own ε, the largest log ratio within
   a column (pram_lib.core.epsilon), within ``EPSILON_TOLERANCE``; γ = e^ε;
 - identifiability: the matrix has full row rank and a condition number at most ``MAX_CONDITION`` (the bound
-  the estimators apply, pram_lib.core.estimate), else no estimate of the true distribution exists;
+  the estimators apply, pram_lib.core.operators), else no estimate of the true distribution exists;
 - a multi-attribute RR group: clusters partition the attributes, K = the product of their category counts,
   keep + (K − 1) move_each = 1, keep = e^ε / (e^ε + K − 1) for the cluster's ε, ε_release = Σ cluster ε;
 - additive noise: θ, η finite and positive, E Y = 0 and Var Y = θ(θ + 1)η² as published, a known scale;
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_epsilon
-from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, _Dense, _KeepUniform
+from pram_lib.core.operators import DEFAULT_MAX_CONDITION, DenseOperators, KeepUniformOperators
 
 ROW_SUM_TOLERANCE = 1e-9      # |Σ_z M[x, z] − 1| (the spec's custom matrices are held to the same)
 EPSILON_TOLERANCE = 1e-9      # relative: a claimed ε may fall short of the matrix's by rounding only
@@ -74,7 +74,7 @@ def _keep_uniform(e: Mapping, path: str) -> None:
             raise EntryError(f"{path}.keep[0]", name, f"is {float(keep[0])!r}: with one category the row is "
                                                        "keep[0] alone and must be 1")
     else:
-        _identifiable(_KeepUniform(keep), f"{path}.keep", name)
+        _identifiable(KeepUniformOperators(keep), f"{path}.keep", name)
     _epsilon_claims(e, path, name, keep_uniform_epsilon(keep))
 
 
@@ -87,7 +87,7 @@ def _dense(e: Mapping, path: str) -> None:
                                                  f"categories and {len(outs)} output_categories")
     _probabilities(m, f"{path}.matrix", name, lambda x, z: f"P(released {outs[z]!r} | true {cats[x]!r})")
     _rows_sum_to_one(m.sum(axis=1), f"{path}.matrix", name, cats)
-    _identifiable(_Dense(m), f"{path}.matrix", name)
+    _identifiable(DenseOperators(m), f"{path}.matrix", name)
     _epsilon_claims(e, path, name, dense_epsilon(m))
 
 
@@ -374,7 +374,7 @@ def _rows_sum_to_one(sums: np.ndarray, path: str, name: str, cats: list) -> None
 def dense_condition(matrix: np.ndarray) -> float:
     """2-norm condition number of a k × m channel matrix (inf below full row rank): above ``MAX_CONDITION`` its
     true distribution cannot be estimated."""
-    return _Dense(np.asarray(matrix, dtype=float)).condition()
+    return DenseOperators(np.asarray(matrix, dtype=float)).condition()
 
 
 def _identifiable(ops, path: str, name: str) -> None:

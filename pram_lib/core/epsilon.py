@@ -9,13 +9,12 @@ import math
 import numpy as np
 
 
+GAMMA_INF_FROM = 700.0   # e^700 ≈ 1e304 nears the largest float (e^709.78): from here on γ is inf (channels.schema.json)
+
+
 def gamma_of(epsilon: float) -> float:
-    """γ = e^ε, the bound on every Bayes factor of an ε-LDP channel; inf where e^ε exceeds the largest float
-    (ε > 709.78) or ε is infinite."""
-    try:
-        return math.exp(epsilon)
-    except OverflowError:
-        return math.inf
+    """γ = e^ε, the bound on every Bayes factor of an ε-LDP channel; inf from ε = GAMMA_INF_FROM on."""
+    return math.exp(epsilon) if epsilon < GAMMA_INF_FROM else math.inf
 
 
 def keep_uniform_epsilon(keep: np.ndarray) -> float:

@@ -23,7 +23,7 @@ import pytest
 from analysis_helpers import (INC, OCC, RELEASED_DIMS, TRUE_DIMS, World, brute_force_table, inverse_map,
                               keep_uniform_matrix, krr_matrix, released_counts, subtuple_matrix, world_channel)
 from pram_lib.analysis import ReleaseError, open_release
-from pram_lib.analysis.axes import Dense, Identity, UniformRR, kron_inverse
+from pram_lib.analysis.axes import Identity, dense_axis, krr_axis, kron_inverse
 from pram_lib.analysis.tables import Deconvolver
 
 Z95 = 1.959963984540054
@@ -385,9 +385,9 @@ def _axis_case(kind: str, rng):
     if kind == "identity":
         return Identity(3), np.eye(3)
     if kind == "uniform-rr":
-        return UniformRR(4, 0.55), krr_matrix(4, 0.55)
+        return krr_axis(4, 0.55), krr_matrix(4, 0.55)
     m = _random_channel(3, 3 if kind == "dense-square" else 5, rng)
-    return Dense(m, "v"), m
+    return dense_axis(m, "v"), m
 
 
 @pytest.mark.parametrize("kind", AXIS_KINDS)

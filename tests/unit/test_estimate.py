@@ -322,7 +322,7 @@ def test_em_matches_direct_likelihood_maximisation(case):
 def test_structured_newton_direction_solves_the_newton_system():
     """The O(S) Newton step for family (8) solves [[H_AA, 1], [1^T, 0]] [Δ; ν] = [g_A; 0] (dense H), also with
     unobserved outputs (w_z = 0) and a uniform row (d_k = 0), where H has zero diagonal entries."""
-    from pram_lib.core.estimate import _grad, _KeepUniform
+    from pram_lib.core.operators import KeepUniformOperators, gradient
 
     rng = np.random.default_rng(31)
     for trial in range(30):
@@ -337,9 +337,9 @@ def test_structured_newton_direction_solves_the_newton_system():
         p[1] += 0.1
         p /= p.sum()
         mhat = counts / counts.sum()
-        ku = _KeepUniform(q)
+        ku = KeepUniformOperators(q)
         idx = np.nonzero(p > 0)[0]
-        g = _grad(ku, mhat, p)
+        g = gradient(ku, mhat, p)
         assert np.allclose(g, M @ np.where(mhat > 0, mhat / (M.T @ p), 0.0), rtol=1e-12, atol=1e-12)
         delta = ku.newton_direction(mhat, p, idx, g)
         H = (M[idx] * np.where(mhat > 0, mhat / (M.T @ p) ** 2, 0.0)) @ M[idx].T

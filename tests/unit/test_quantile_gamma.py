@@ -29,24 +29,26 @@ def test_z_value_refuses_a_level_outside_0_1(bad):
         z_value(bad)
 
 
-@pytest.mark.parametrize("eps", [0.0, 0.5, math.log(3), 50.0, 705.0, 709.7])
-def test_gamma_of_is_e_to_the_epsilon_where_it_is_a_float(eps):
+@pytest.mark.parametrize("eps", [0.0, 0.5, math.log(3), 50.0, 699.9])
+def test_gamma_of_is_e_to_the_epsilon(eps):
     assert gamma_of(eps) == pytest.approx(math.exp(eps), rel=1e-15)
 
 
-@pytest.mark.parametrize("eps", [709.8, 1e4, math.inf])
-def test_gamma_of_is_inf_beyond_the_largest_float(eps):
+@pytest.mark.parametrize("eps", [700.0, 705.0, 709.8, 1e4, math.inf])
+def test_gamma_of_is_inf_from_700_on_as_the_schema_says(eps):
+    """channels.schema.json: γ is "inf" from ε = 700 on (e^700 ≈ 1e304 nears the largest float, e^709.78)."""
     assert gamma_of(eps) == math.inf
 
 
 def test_every_gamma_is_the_same_function():
-    """The guarantee, a channel and the published check agree at the edge where they used to differ
-    (ε in (700, 709.78): e^ε is a finite float)."""
-    from pram_lib.core.channel import Channel
+    """A channel's γ and its guarantee's agree at the edge where they used to differ (ε in [700, 709.78): the
+    channel wrote e^ε, its guarantee "inf"; a multi-attribute group raised OverflowError past 709.78)."""
     import numpy as np
 
-    eps = 705.0
-    assert LDP(eps).gamma == math.exp(eps)
-    keep = 1.0 / (1.0 + math.exp(-eps))          # 2-RR with ε = log(keep / (1 − keep))
-    ch = Channel(variables=("x",), categories=("a", "b"), method="t", keep=np.array([keep, keep]))
-    assert ch.gamma == gamma_of(ch.epsilon)
+    from pram_lib.core.channel import Channel
+
+    tiny = 1e-305                                  # ε = log(1/tiny) ≈ 702.3
+    ch = Channel(variables=("x",), categories=("a", "b"), method="t",
+                 dense=np.array([[1.0 - tiny, tiny], [tiny, 1.0 - tiny]]))
+    assert 700 < ch.epsilon < 709
+    assert ch.gamma == ch.guarantee.gamma == LDP(ch.epsilon).gamma == math.inf
