@@ -56,9 +56,8 @@ from scipy import optimize, special
 from pram_lib.channels import deconvolve as dc
 from pram_lib.channels.gamma_law import (TwoSidedGamma, check_parameters, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
                                          log_density, moments, sample, smoothness_bounds)
-from pram_lib.core.codec import check_entry
+from pram_lib.core.codec import decode_entry, encode_noise
 from pram_lib.core.guarantee import NotDP
-from pram_lib.core.jsonable import to_json
 from pram_lib.core.quantile import z_value
 
 __all__ = [
@@ -1110,29 +1109,17 @@ class NoiseChannel:
         return dc.deconvolve(released, self.theta, self.eta, x, **kw)
 
     def to_dict(self) -> dict:
-        return {
-            "family": "two-sided-gamma",
-            "variables": list(self.variables),
-            "theta": self.theta,
-            "eta": self.eta,
-            "noise_mean": 0.0,
-            "noise_variance": self.variance,
-            "method": self.method,
-            "objective": None if np.isnan(self.objective) else float(self.objective),
-            "epsilon": "inf",
-            "differential_privacy": False,
-            "details": to_json(self.details),
-        }
+        return encode_noise(self.variables, self.theta, self.eta, self.variance, self.method, self.objective,
+                            self.details)
 
     @classmethod
     def from_dict(cls, d: dict) -> "NoiseChannel":
         """Inverse of :meth:`to_dict`; an entry that is not valid noise is refused (pram_lib.core.codec.EntryError)."""
         if d.get("family", "two-sided-gamma") != "two-sided-gamma":
             raise ValueError(f"not a two-sided-gamma channel: family={d.get('family')!r}")
-        check_entry({"family": "two-sided-gamma", **d})
-        return cls(variables=tuple(d["variables"]), theta=float(d["theta"]), eta=float(d["eta"]),
-                   method=d["method"], objective=float("nan") if d.get("objective") is None else d["objective"],
-                   details=d.get("details", {}))
+        e = decode_entry({"family": "two-sided-gamma", **d})
+        return cls(variables=e.variables, theta=e.theta, eta=e.eta, method=e.method, objective=e.objective,
+                   details=e.details)
 
     @property
     def guarantee(self) -> NotDP:

@@ -141,3 +141,16 @@ def test_the_private_name_check_sees_both_forms(tmp_path):
                  "import pram_lib.core.estimate as est\nest._ops(1)\nest.run_em\n")
     assert _private_uses(p) == ["line 1: from pram_lib.core.estimate import _ops", "line 4: est._ops "
                                 "(pram_lib.core.estimate)"]
+
+
+def test_every_system_test_file_is_marked_slow():
+    """`make test-fast` (-m "not slow") is the quick loop: a system test (whole releases, a Prefect server)
+    declares `pytestmark` with pytest.mark.slow."""
+    unmarked = []
+    for path in sorted((ROOT / "tests" / "system").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        marks = [ast.unparse(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)]
+        if not any("pytest.mark.slow" in m for m in marks):
+            unmarked.append(path.name)
+    assert not unmarked, f"mark these slow (pytestmark = pytest.mark.slow): {unmarked}"
