@@ -540,3 +540,30 @@ def kron_share_variance(P: np.ndarray, axes: list[ChannelOperators], n: float) -
     G_t∘G_t); O(cells) per axis for K-ary RR."""
     P = np.asarray(P, dtype=float)
     return np.maximum(apply_each(apply_each(P, axes, "forward"), axes, "invert_squared") - P * P, 0.0) / n
+
+
+# ------------------------------------------------------------------------------------------------
+# the largest variance over every truth (the planner's worst case), from the variance coefficients
+# ------------------------------------------------------------------------------------------------
+def split_coefficients(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a_x = C[x, x], A_x = max_{z ≠ x} C[x, z]) per share x, C from :meth:`ChannelOperators.variance_coefficients`."""
+    a = np.diag(C).copy()
+    off = np.where(np.eye(len(a), dtype=bool), -np.inf, C)
+    return a, off.max(axis=1)
+
+
+def worst_variance(a, A, s: float) -> np.ndarray:
+    """n × the largest Var(p̂_x) over every truth p with p_x ≥ s. With p_x = t, n Var = a t + Σ_{z≠x} C[x, z] p_z
+    − t² is largest with the other 1 − t on the z of largest C[x, z] (A): f(t) = A(1 − t) + a t − t², a concave
+    parabola, largest at t = clip((a − A)/2, s, 1)."""
+    a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
+    t = np.clip((a - A) / 2.0, s, 1.0)
+    return np.maximum(A * (1.0 - t) + a * t - t * t, 0.0)
+
+
+def worst_relative_variance(a, A, s: float) -> np.ndarray:
+    """n × the largest Var(p̂_x)/p_x² over every truth with p_x ≥ s > 0: f(t)/t² = A u² + (a − A) u − 1 with
+    u = 1/t in [1, 1/s] is convex in u (A ≥ 0), so it is largest at t = s or t = 1."""
+    a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
+    at_s = (A * (1.0 - s) + a * s - s * s) / (s * s)
+    return np.maximum(np.maximum(at_s, a - 1.0), 0.0)

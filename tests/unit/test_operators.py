@@ -126,3 +126,24 @@ def test_channel_uses_the_operators_and_usable_operators_refuses_singular():
     singular = Channel(variables=("x",), categories=("a", "b"), method="t", keep=np.array([0.5, 0.5]))
     assert usable_operators(singular) is None
     assert KaryRR(3, 1 / 3).condition() > 1e12 and KaryRR(2, 0.5).condition() == math.inf
+
+
+def test_worst_variance_is_the_largest_over_every_truth():
+    """Against a search over truths: every vertex-pair mixture t e_x + (1 − t) e_z on a fine grid of t ≥ s and
+    random Dirichlet points (n Var(p̂_x) = (C p)_x − p_x² is linear in the others, so the pairs hold the max)."""
+    from pram_lib.core.operators import split_coefficients, worst_relative_variance, worst_variance
+
+    rng = np.random.default_rng(7)
+    M = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
+    C = DenseOperators(M).variance_coefficients()
+    a, A = split_coefficients(C)
+    s = 0.05
+    truths = [t * np.eye(3)[x] + (1 - t) * np.eye(3)[z] for x in range(3) for z in range(3)
+              for t in np.linspace(0, 1, 2001)]
+    truths += list(rng.dirichlet(np.ones(3), 20000))
+    P = np.array(truths)
+    nvar = P @ C.T - P ** 2                       # row: a truth, column: share x
+    for x in range(3):
+        ok = P[:, x] >= s
+        assert worst_variance(a, A, s)[x] == pytest.approx(nvar[ok, x].max(), rel=1e-6)
+        assert worst_relative_variance(a, A, s)[x] == pytest.approx((nvar[ok, x] / P[ok, x] ** 2).max(), rel=1e-6)
