@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from pram_lib import __version__
-from pram_lib.core.codec import EntryError, check_document
+from pram_lib.core.codec import EntryError, decode_document
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.jsonable import to_json
 from pram_lib.core.quantile import z_value
@@ -136,7 +136,7 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     curves, summary, tables = distributions
     doc = to_json(channels_document(spec, assignments))   # an infinite γ as "inf", never JSON's invalid Infinity
     try:
-        check_document(doc)   # every reader checks it so (pram_lib.core.codec): never publish what they refuse
+        decode_document(doc)   # read back by the readers' own decoder (pram_lib.core.codec): never publish what they refuse
     except EntryError as e:
         raise RuntimeError(f"channels.json would not read back ({e.path}, {e.entry}: {e.problem}); a bug in "
                            "pram-release: nothing was published") from None

@@ -614,6 +614,7 @@ def repeated(world, tmp_path_factory):
     return {name: (truths[name], np.array(e), np.array(s)) for name, (e, s) in out.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIM_TABLES))
 def test_tables_are_unbiased_by_simulation(repeated, name):
     """The mean of REPS estimates is within 4 Monte Carlo standard errors of the truth in every cell (42 cells
@@ -626,6 +627,7 @@ def test_tables_are_unbiased_by_simulation(repeated, name):
     assert np.abs(z).max() < 4.0, np.round(z, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIM_TABLES))
 def test_table_intervals_cover_at_the_stated_level(repeated, name):
     """95% Wald intervals over REPS = 1000 releases, pooled over the table's cells, cover 93-97%.

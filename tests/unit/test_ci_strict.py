@@ -62,6 +62,7 @@ def test_ci_refuses_to_start_without_the_test_only_packages(suite):
     assert "cdd (pip package pycddlib-standalone) cannot be imported" in strict.stdout + strict.stderr
 
 
+@pytest.mark.slow
 def test_ci_run_fails_with_pytest_exit_5_when_no_test_ran():
     """.ci/run calls `make test`, which exits 2 for any failing recipe; pytest's own code comes back through
     PYTEST_RC_FILE, so 'no tests ran' (exit 5) is named and is the run's exit code."""
