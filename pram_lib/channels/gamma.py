@@ -54,8 +54,8 @@ from scipy import fft as sfft
 from scipy import optimize, special
 
 from pram_lib.channels import deconvolve as dc
-from pram_lib.channels.gamma_law import (TwoSidedGamma, check_parameters, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
-                                         log_density, moments, sample, smoothness_bounds)
+from pram_lib.channels.gamma_law import (TwoSidedGamma, cdf, char_fn, check_parameters, density,  # noqa: F401
+                                         ghatak_roy_scale, log_density, moments, sample, smoothness_bounds)
 from pram_lib.core.codec import decode_entry, encode_noise
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.quantile import z_value

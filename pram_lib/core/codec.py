@@ -28,7 +28,8 @@ import numpy as np
 
 from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_epsilon
 from pram_lib.core.jsonable import to_json
-from pram_lib.core.operators import DEFAULT_MAX_CONDITION, ChannelOperators, DenseOperators, KaryRR, KeepUniformOperators
+from pram_lib.core.operators import (DEFAULT_MAX_CONDITION, ChannelOperators, DenseOperators, KaryRR,
+                                     KeepUniformOperators)
 
 ROW_SUM_TOLERANCE = 1e-9      # |Σ_z M[x, z] − 1| (the spec's custom matrices are held to the same)
 EPSILON_TOLERANCE = 1e-9      # relative: a claimed ε may fall short of the matrix's by rounding only

@@ -28,8 +28,8 @@ M[x, z] = P(Z = z | X = x) is the channel's k×m matrix; m̂ = N / n.
 
 Family (8) channels (``keep`` = q) are never densified: with d = (S q − 1)/(S − 1), r = (1 − q)/(S − 1),
 M = diag(d) + r 1^T; M^T p = d∘p + (r·p) 1 and M u = d∘u + r (1^T u) are O(S), and so are the inversion,
-the variances and the ∞-norm condition number (formulas in :class:`pram_lib.core.operators.KeepUniformOperators`). For S > 2000 the full
-S×S covariance is not formed: ``cov`` is None and ``se`` comes from the O(S) diagonal.
+the variances and the ∞-norm condition number (formulas in pram_lib.core.operators.KeepUniformOperators).
+For S > 2000 the full S×S covariance is not formed: ``cov`` is None and ``se`` comes from the O(S) diagonal.
 
 Non-identifiability (pram_dp.md §6.2, T18; chai_nayak.md §7): if M has rank < k (e.g. fewer outputs than
 inputs, two identical rows, or a family-(8) channel at a singular α such as S = 10, α = log(5/3) with six

@@ -546,7 +546,8 @@ def kron_share_variance(P: np.ndarray, axes: list[ChannelOperators], n: float) -
 # the largest variance over every truth (the planner's worst case), from the variance coefficients
 # ------------------------------------------------------------------------------------------------
 def split_coefficients(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(a_x = C[x, x], A_x = max_{z ≠ x} C[x, z]) per share x, C from :meth:`ChannelOperators.variance_coefficients`."""
+    """(a_x = C[x, x], A_x = max_{z ≠ x} C[x, z]) per share x, C from
+    :meth:`ChannelOperators.variance_coefficients`."""
     a = np.diag(C).copy()
     off = np.where(np.eye(len(a), dtype=bool), -np.inf, C)
     return a, off.max(axis=1)

@@ -136,7 +136,7 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     curves, summary, tables = distributions
     doc = to_json(channels_document(spec, assignments))   # an infinite γ as "inf", never JSON's invalid Infinity
     try:
-        decode_document(doc)   # read back by the readers' own decoder (pram_lib.core.codec): never publish what they refuse
+        decode_document(doc)   # read back by the readers' decoder (pram_lib.core.codec): never publish what they refuse
     except EntryError as e:
         raise RuntimeError(f"channels.json would not read back ({e.path}, {e.entry}: {e.problem}); a bug in "
                            "pram-release: nothing was published") from None
