@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 GAMMA_REPS ?= 100
 RR_RUNS ?= 50
 
-.PHONY: install test demo bench bench-extra clean
+.PHONY: install test test-fast demo bench bench-extra clean
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml pram_lib/core/_fastpat
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12 $(PYTEST_ARGS) || { rc=$$?; \
 	  $(if $(PYTEST_RC_FILE),echo $$rc > "$(PYTEST_RC_FILE)";) exit $$rc; }
+
+# the quick loop: every test but those marked slow (system tests, a Prefect server, statistical simulations)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=12 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	bash scripts/demo.sh

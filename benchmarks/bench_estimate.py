@@ -22,7 +22,8 @@ import numpy as np
 
 from benchmarks.results_io import measured_note, median_time, sig, write_section
 from pram_lib.core.channel import Channel
-from pram_lib.core.estimate import _mle, _ops, em_mle, estimate_distribution, project_to_simplex
+from pram_lib.core.estimate import _mle, em_mle, estimate_distribution, project_to_simplex
+from pram_lib.core.operators import operators_of
 
 N = 10**6
 REPS = 3
@@ -45,7 +46,7 @@ def main() -> None:
                                                                                v(1.0, S), v(-1.0, S))
             ch = Channel(variables=("x",), categories=tuple(range(S)), method="bench", keep=q)
             counts = rng.multinomial(N, ch.marginal(rng.dirichlet(np.ones(S))))
-            ops = _ops(ch)
+            ops = operators_of(ch)
             mhat = counts / N
 
             def inversion():

@@ -25,6 +25,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests live in unit/, contract/ and system/; their shared helpers (synth.py, fault_runner.py) live here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+@pytest.hookimpl(tryfirst=True)   # before `-m` deselects
+def pytest_collection_modifyitems(config, items):
+    """`slow` (left out by `make test-fast`) on every test that starts the Prefect server, besides the files
+    and tests that declare it (every system test: a contract test keeps them marked)."""
+    for item in items:
+        if "prefect_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 # under CI a missing dependency fails the run instead of skipping tests (tests/ci_strict.py)
 from ci_strict import pytest_make_collect_report, pytest_runtest_makereport, pytest_sessionstart  # noqa: E402,F401
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn, ReleaseData, ReleaseError
-from pram_lib.analysis.tables import Deconvolver, _z
+from pram_lib.analysis.tables import Deconvolver, confidence_z
 
 
 def pseudo_values(info, name: str, scale: str):
@@ -68,7 +68,7 @@ class MeanEstimate:
     method: str
 
     def confidence_interval(self, confidence_level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        z = _z(self.confidence if confidence_level is None else confidence_level)
+        z = confidence_z(self.confidence if confidence_level is None else confidence_level)
         return self.mean - z * self.se, self.mean + z * self.se
 
     def to_frame(self) -> pd.DataFrame:
@@ -93,7 +93,7 @@ class MeanEstimate:
 def estimate_mean(release: ReleaseData, variable: str, by: list[str], confidence: float = 0.95,
                   scale: str = "original") -> MeanEstimate:
     """See the module docstring."""
-    _z(confidence)
+    confidence_z(confidence)
     info = release.column(variable)
     if variable in by:
         raise ReleaseError(f"{variable!r} is both the variable and a by-column")

@@ -41,7 +41,7 @@ from scipy.special import expit, ndtr
 from pram_lib.analysis.axes import Identity
 from pram_lib.analysis.means import pseudo_values
 from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn, ReleaseData, ReleaseError
-from pram_lib.analysis.tables import Deconvolver, _z
+from pram_lib.analysis.tables import Deconvolver, confidence_z
 
 MAX_EM_CELLS = 4096           # true (y, covariate, stratum) cells for the logistic EM and its information
 EM_MAX_ITER = 100
@@ -70,7 +70,7 @@ class RegressionResult:
     sigma2: float = float("nan")
 
     def confidence_interval(self, confidence_level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        z = _z(self.confidence if confidence_level is None else confidence_level)
+        z = confidence_z(self.confidence if confidence_level is None else confidence_level)
         return self.estimate - z * self.se, self.estimate + z * self.se
 
     def to_frame(self) -> pd.DataFrame:
@@ -109,7 +109,7 @@ def regress(release: ReleaseData, formula: str | None = None, *, y: str | None =
             reference: dict | None = None) -> RegressionResult:
     """See the module docstring. `reference`: {covariate: category} to code a covariate against (default:
     its first category)."""
-    _z(confidence)
+    confidence_z(confidence)
     if formula is not None:
         y, x = parse_formula(formula)
     elif y is None:

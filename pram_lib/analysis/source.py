@@ -10,13 +10,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pram_lib.analysis.axes import AxisChannel, Dense, keep_uniform_axis
-from pram_lib.core.codec import EntryError, check_document
+from pram_lib.analysis.axes import AxisChannel, dense_axis, keep_uniform_axis
+from pram_lib.core.codec import CategoricalEntry, EntryError, GroupEntry, NoiseEntry, decode_document
 
 BATCH_ROWS = 1 << 20
-CATEGORICAL_FAMILIES = ("keep-uniform", "dense")
-GROUP_FAMILIES = ("multi-rr",)
-NOISE_FAMILIES = ("two-sided-gamma",)
 
 
 class ReleaseError(ValueError):
@@ -34,7 +31,7 @@ class CategoricalColumn:
     categories: tuple[str, ...]            # true categories
     released: tuple[str, ...]              # released categories (differ for a non-square custom matrix)
     strata_columns: tuple[str, ...]
-    entries: dict[tuple, dict]
+    entries: dict[tuple, CategoricalEntry]
     epsilon: float
 
     def axis(self, key: tuple) -> AxisChannel:
@@ -44,9 +41,9 @@ class CategoricalColumn:
             shown = ", ".join(f"{c}={k}" for c, k in zip(self.strata_columns, key))
             raise ReleaseError(f"column {self.name!r}: the data has records in stratum {shown} but channels.json "
                                "has no channel for it; the data and channels.json do not belong together")
-        if e["family"] == "keep-uniform":
-            return keep_uniform_axis(np.asarray(e["keep"], dtype=float), self.name)
-        return Dense(np.asarray(e["matrix"], dtype=float), self.name)
+        if e.keep is not None:
+            return keep_uniform_axis(e.keep, self.name)
+        return dense_axis(e.matrix, self.name)
 
 
 @dataclass(frozen=True)
@@ -96,55 +93,34 @@ class PublicColumn:
     strata_columns: tuple[str, ...] = ()
 
 
-def _float(x) -> float:
-    return math.inf if x == "inf" else float(x)
-
-
 def read_channels(doc: dict, where: str) -> dict[str, object]:
-    """Column name → what its channel is, from a channels.json document; every entry is first checked as a
-    channel (pram_lib.core.codec, the check every decoder shares), so a damaged one is refused by its path."""
+    """Column name → what its channel is, from a channels.json document read by the one decoder
+    (pram_lib.core.codec.decode_document: every entry checked first, so a damaged one is refused by its path)."""
     try:
-        check_document(doc)
+        entries = decode_document(doc)
     except EntryError as e:
         raise ReleaseError(f"{where}: {e}") from None
-    try:
-        return _read_channels(doc, where)
     except (KeyError, TypeError, IndexError, ValueError) as e:
-        if isinstance(e, ReleaseError):
-            raise
         what = f"field {e.args[0]!r} is missing" if isinstance(e, KeyError) else f"an entry is malformed ({e})"
         raise ReleaseError(f"{where}: {what}; the file does not follow channels.schema.json") from None
-
-
-def _read_channels(doc: dict, where: str) -> dict[str, object]:
     out: dict[str, object] = {}
-    cat: dict[str, list[dict]] = {}
-    for i, e in enumerate(doc.get("channels", [])):
-        fam = e.get("family")
-        if fam in CATEGORICAL_FAMILIES:
-            cat.setdefault(e["variables"][0], []).append(e)
-        elif fam in GROUP_FAMILIES:
-            attrs = [str(a) for a in e["attributes"]]
-            for c, cl in enumerate(e["clusters"]):
-                members = tuple(attrs[j] for j in cl["indices"])
-                for j in cl["indices"]:
-                    out[attrs[j]] = GroupColumn(attrs[j], tuple(str(x) for x in e["categories"][j]),
-                                                str(e.get("variable", "+".join(attrs))), c, members,
-                                                int(cl["cells"]), float(cl["keep"]), _float(e["epsilon"]))
-        elif fam in NOISE_FAMILIES:
-            out[e["variables"][0]] = NoiseColumn(e["variables"][0], e.get("scale", "identity"), float(e["theta"]),
-                                                 float(e["eta"]), float(e.get("noise_mean", 0.0)),
-                                                 float(e["noise_variance"]))
-        else:
-            raise ReleaseError(f"{where}: channels[{i}] has family {fam!r}, which this version cannot read; "
-                               "update pram-release")
-    for name, entries in cat.items():
-        first = entries[0]
-        true = tuple(str(x) for x in first["categories"])
-        released = tuple(str(x) for x in first.get("output_categories") or first["categories"])
-        keyed = {tuple(e.get("stratum_key") or ()): e for e in entries}
-        out[name] = CategoricalColumn(name, true, released, tuple(first.get("strata_columns") or ()), keyed,
-                                      max(_float(e["epsilon"]) for e in entries))
+    strata: dict[str, list[CategoricalEntry]] = {}
+    for e in entries:
+        if isinstance(e, CategoricalEntry):
+            strata.setdefault(e.variable, []).append(e)
+        elif isinstance(e, GroupEntry):
+            for c, cl in enumerate(e.clusters):
+                members = tuple(e.attributes[j] for j in cl.indices)
+                for j in cl.indices:
+                    out[e.attributes[j]] = GroupColumn(e.attributes[j], tuple(str(x) for x in e.categories[j]),
+                                                       e.variable, c, members, cl.cells, cl.keep, e.epsilon)
+        elif isinstance(e, NoiseEntry):
+            out[e.variables[0]] = NoiseColumn(e.variables[0], e.scale, e.theta, e.eta, e.noise_mean, e.noise_variance)
+    for name, per_stratum in strata.items():
+        first = per_stratum[0]
+        out[name] = CategoricalColumn(name, tuple(str(x) for x in first.categories),
+                                      tuple(str(x) for x in first.output_categories), first.strata_columns,
+                                      {e.stratum_key: e for e in per_stratum}, max(e.epsilon for e in per_stratum))
     return out
 
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.special import ndtri
 
-from pram_lib.analysis.axes import AxisChannel, Identity, UniformRR
+from pram_lib.analysis.axes import AxisChannel, Identity, krr_axis
 from pram_lib.analysis.source import CategoricalColumn, GroupColumn, PublicColumn, ReleaseData, ReleaseError
-from pram_lib.core.estimate import _em, project_to_simplex
+from pram_lib.core.estimate import project_to_simplex, run_em
+from pram_lib.core.operators import KaryRR
+from pram_lib.core.quantile import z_value
 
 MAX_TABLE_CELLS = 2_000_000   # true cells of a table (the estimate itself)
 MAX_COV_CELLS = 3_000         # a full covariance matrix is given up to this many true × released cells
@@ -36,10 +37,12 @@ MAX_MLE_CELLS = 50_000
 MAX_BY_CELLS = 2_000
 
 
-def _z(confidence: float) -> float:
-    if not 0.0 < confidence < 1.0:
-        raise ReleaseError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
-    return float(ndtri(0.5 + confidence / 2.0))
+def confidence_z(confidence: float) -> float:
+    """The interval's normal quantile (pram_lib.core.quantile.z_value); a ReleaseError for a level outside (0, 1)."""
+    try:
+        return z_value(confidence)
+    except ValueError as e:
+        raise ReleaseError(str(e)) from None
 
 
 class Deconvolver:
@@ -101,9 +104,7 @@ class Deconvolver:
                     ops[uid] = info.axis(tuple(key_of[s] for s in info.strata_columns))
                 elif isinstance(info, GroupColumn):
                     k_sub = int(np.prod([len(self.infos[j].categories) for j in members]))
-                    kc = info.cluster_cells
-                    move = (1.0 - info.keep) / (kc - 1) if kc > 1 else 0.0
-                    ops[uid] = UniformRR(k_sub, info.keep + (kc // k_sub - 1) * move)
+                    ops[uid] = krr_axis(k_sub, KaryRR(info.cluster_cells, info.keep).on_factor(k_sub).keep)
                 else:
                     ops[uid] = Identity(self.released_dims[members[0]])
             index = [slice(None)] * len(axis_of)
@@ -170,7 +171,7 @@ class Deconvolver:
                 return self.apply(u.reshape(dims_r), "adjoint", True).ravel()
 
         mhat = (counts / counts.sum()).ravel()
-        p, evals, ok = _em(_Ops(), mhat, np.full(size, 1.0 / size), 1e-10, 20000, True)
+        p, evals, ok = run_em(_Ops(), mhat, np.full(size, 1.0 / size), 1e-10, 20000, True)
         p = p.reshape(dims_t)
         if self.hidden:
             p = p.sum(axis=tuple(range(len(self.columns), len(dims_t))))
@@ -206,7 +207,7 @@ class TableEstimate:
 
     def confidence_interval(self, confidence_level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Wald interval (estimate ± z se), at `confidence_level` (default: the one asked for)."""
-        z = _z(self.confidence if confidence_level is None else confidence_level)
+        z = confidence_z(self.confidence if confidence_level is None else confidence_level)
         return self.estimate - z * self.se, self.estimate + z * self.se
 
     @property
@@ -246,7 +247,7 @@ class TableEstimate:
 def estimate_table(release: ReleaseData, variables: list[str], by: list[str], confidence: float = 0.95,
                    mle: bool = False) -> TableEstimate:
     """See the module docstring."""
-    _z(confidence)
+    confidence_z(confidence)
     if not variables:
         raise ReleaseError("name at least one variable for the table")
     both = variables + by

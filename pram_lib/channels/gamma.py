@@ -54,11 +54,11 @@ from scipy import fft as sfft
 from scipy import optimize, special
 
 from pram_lib.channels import deconvolve as dc
-from pram_lib.channels.gamma_law import (TwoSidedGamma, _check, cdf, char_fn, density, ghatak_roy_scale,  # noqa: F401
-                                         log_density, moments, sample, smoothness_bounds)
-from pram_lib.core.codec import check_entry
+from pram_lib.channels.gamma_law import (TwoSidedGamma, cdf, char_fn, check_parameters, density,  # noqa: F401
+                                         ghatak_roy_scale, log_density, moments, sample, smoothness_bounds)
+from pram_lib.core.codec import decode_entry, encode_noise
 from pram_lib.core.guarantee import NotDP
-from pram_lib.core.jsonable import to_json
+from pram_lib.core.quantile import z_value
 
 __all__ = [
     "TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample", "moments",
@@ -223,9 +223,7 @@ def population_mu(delta: float, dist: Any, noise: Any, *, sigma_x: float | None 
 
 def lemma21_mu(sigma_x: float, sigma_y: float, delta: float) -> float:
     """Lemma 2.1 (normal data, normal noise): μ = τ_{(1+δ)/2} / sqrt(1 + σ_X²/σ_Y²)."""
-    from scipy.stats import norm
-
-    return float(norm.ppf((1 + delta) / 2) / math.sqrt(1 + sigma_x**2 / sigma_y**2))
+    return z_value(delta) / math.sqrt(1 + sigma_x**2 / sigma_y**2)
 
 
 def lemma21_sup_M(eps: float, sigma_x: float, sigma_y: float) -> float:
@@ -698,7 +696,7 @@ def empirical_M(x: Any, z: Any, eps: float, theta: float, eta: float, *, strict:
 
     NaN at a z equal to a data value when ϑ < 1 (f is infinite there; undefined in the paper).
     """
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     xa, _ = _clean(x)
     s = _sigma_hat(xa) if sigma is None else float(sigma)
     z = np.atleast_1d(np.asarray(z, dtype=float))
@@ -718,7 +716,7 @@ def empirical_sup_M(x: Any, theta: float, eta: float, Q: float = DEFAULT_Q, *, m
                     m: int = DEFAULT_M, bins: int = DEFAULT_BINS, strict: bool = True,
                     resolution: float | None = None, sigma: float | None = None) -> float:
     """sup over the z-set of M̂_{(z,Q)} (the quantity the constraint curve drives to δ)."""
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     xa, _ = _clean(x)
     s = _sigma_hat(xa) if sigma is None else float(sigma)
     return _make_evaluator(xa, Q * s, method, m, bins, strict, resolution).sup(theta, eta)
@@ -733,7 +731,7 @@ def empirical_mu(x: Any, theta: float, eta: float, delta: float = DEFAULT_DELTA,
     Default z-set: m points on [min X - cσ̂, max X + cσ̂], c = z_margin, widened if μ̂ > c.
     z equal to a data value is skipped.
     """
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     xa, _ = _clean(x)
     s = _sigma_hat(xa) if sigma is None else float(sigma)
     margin = float(z_margin)
@@ -1078,7 +1076,7 @@ class NoiseChannel:
     epsilon: float = field(init=False)
 
     def __post_init__(self) -> None:
-        theta, eta = _check(self.theta, self.eta)
+        theta, eta = check_parameters(self.theta, self.eta)
         object.__setattr__(self, "theta", theta)
         object.__setattr__(self, "eta", eta)
         vs = (self.variables,) if isinstance(self.variables, str) else tuple(self.variables)
@@ -1114,29 +1112,17 @@ class NoiseChannel:
         return dc.deconvolve(released, self.theta, self.eta, x, **kw)
 
     def to_dict(self) -> dict:
-        return {
-            "family": "two-sided-gamma",
-            "variables": list(self.variables),
-            "theta": self.theta,
-            "eta": self.eta,
-            "noise_mean": 0.0,
-            "noise_variance": self.variance,
-            "method": self.method,
-            "objective": None if np.isnan(self.objective) else float(self.objective),
-            "epsilon": "inf",
-            "differential_privacy": False,
-            "details": to_json(self.details),
-        }
+        return encode_noise(self.variables, self.theta, self.eta, self.variance, self.method, self.objective,
+                            self.details)
 
     @classmethod
     def from_dict(cls, d: dict) -> "NoiseChannel":
         """Inverse of :meth:`to_dict`; an entry that is not valid noise is refused (pram_lib.core.codec.EntryError)."""
         if d.get("family", "two-sided-gamma") != "two-sided-gamma":
             raise ValueError(f"not a two-sided-gamma channel: family={d.get('family')!r}")
-        check_entry({"family": "two-sided-gamma", **d})
-        return cls(variables=tuple(d["variables"]), theta=float(d["theta"]), eta=float(d["eta"]),
-                   method=d["method"], objective=float("nan") if d.get("objective") is None else d["objective"],
-                   details=d.get("details", {}))
+        e = decode_entry({"family": "two-sided-gamma", **d})
+        return cls(variables=e.variables, theta=e.theta, eta=e.eta, method=e.method, objective=e.objective,
+                   details=e.details)
 
     @property
     def guarantee(self) -> NotDP:
@@ -1171,7 +1157,7 @@ def protection_reached(x: Any, theta: float, eta: float, Q: float = DEFAULT_Q, d
     one down to the window.
     """
     _check_level(Q, delta)
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     xa, _ = _clean(x)
     xm = xa
     if point_masses is not None and len(point_masses) > 0 and point_mass_mode == "exclude":

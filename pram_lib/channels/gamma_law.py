@@ -18,7 +18,8 @@ __all__ = ["TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample"
 # =============================================================================================
 # 1. The two-sided Gamma family (§1.2)
 # =============================================================================================
-def _check(theta: float, eta: float) -> tuple[float, float]:
+def check_parameters(theta: float, eta: float) -> tuple[float, float]:
+    """θ and η as floats, refused (ValueError) unless finite and > 0."""
     theta, eta = float(theta), float(eta)
     if not (theta > 0 and np.isfinite(theta)):
         raise ValueError(f"shape theta must be a finite number > 0, got {theta}")
@@ -29,7 +30,7 @@ def _check(theta: float, eta: float) -> tuple[float, float]:
 
 def log_density(x: Any, theta: float, eta: float) -> np.ndarray:
     """log f_{ϑ,η}(x); +inf at x = 0 when ϑ < 1, -inf there when ϑ > 1."""
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     a = np.abs(np.asarray(x, dtype=float))
     const = -math.log(2.0) - special.gammaln(theta) - theta * math.log(eta)
     if theta == 1.0:
@@ -45,7 +46,7 @@ def density(x: Any, theta: float, eta: float) -> np.ndarray:
 
 def cdf(x: Any, theta: float, eta: float) -> np.ndarray:
     """F(x) = 1/2 + sign(x) P(ϑ, |x|/η)/2 (P = regularised lower incomplete gamma) [D]."""
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     x = np.asarray(x, dtype=float)
     return 0.5 + 0.5 * np.sign(x) * _lower_gamma(theta, np.abs(x) / eta)
 
@@ -65,7 +66,7 @@ def char_fn(t: Any, theta: float, eta: float) -> np.ndarray:
 
     Real and even; > 0 for ϑ ≤ 1; zeros at ±tan(π/(2ϑ))/η for ϑ > 1 (Lemma 1.1).
     """
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     te = np.asarray(t, dtype=float) * eta
     return np.exp(-0.5 * theta * np.log1p(te * te)) * np.cos(theta * np.arctan(te))
 
@@ -75,7 +76,7 @@ def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.
 
     At ϑ = 1/2, Y = (η/2)·Z|Z| with Z standard normal: Z² ~ χ²₁ = Gamma(1/2, scale 2), and the sign of Z is
     independent of |Z|. The same law from one normal draw, 3x faster than numpy's gamma below shape 1."""
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     if theta == 0.5:
         z = rng.standard_normal(size)
         return (0.5 * eta) * z * np.abs(z)
@@ -86,7 +87,7 @@ def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.
 
 def moments(theta: float, eta: float) -> dict:
     """E Y = 0, E|Y| = ϑη, Var Y = ϑ(ϑ+1)η², E Y⁴ = ϑ(ϑ+1)(ϑ+2)(ϑ+3)η⁴ [D]."""
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     var = theta * (theta + 1.0) * eta**2
     m4 = theta * (theta + 1) * (theta + 2) * (theta + 3) * eta**4
     return {"mean": 0.0, "abs_mean": theta * eta, "var": var, "sd": math.sqrt(var),
@@ -98,7 +99,7 @@ def smoothness_bounds(theta: float, eta: float) -> tuple[float, float]:
 
     Valid for 0 < ϑ < 1 (c1 = 0 at ϑ = 1, where the Laplace is ordinary smooth of order 2 instead).
     """
-    theta, eta = _check(theta, eta)
+    theta, eta = check_parameters(theta, eta)
     if eta > 1:
         return eta**-theta * math.cos(math.pi * theta / 2), 2 ** (theta / 2)
     return math.cos(math.pi * theta / 2), 2 ** (theta / 2) * eta**-theta
@@ -120,7 +121,7 @@ class TwoSidedGamma:
     eta: float
 
     def __post_init__(self) -> None:
-        _check(self.theta, self.eta)
+        check_parameters(self.theta, self.eta)
 
     # the population-measure routines use: singular exponent α (f(y) = y^α · regular(y) on y > 0)
     @property

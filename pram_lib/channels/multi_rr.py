@@ -113,15 +113,16 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.special import chdtri, ndtri
+from scipy.special import chdtri
 
 from pram_lib.channels.adjust import RakingResult, rake
 from pram_lib.core.channel import Channel
-from pram_lib.core.codec import check_entry
+from pram_lib.core.codec import ClusterEntry, EntryError, GroupEntry, decode_entry, encode_group
+from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.estimate import estimate_distribution, project_to_simplex
 from pram_lib.core.guarantee import LDP
-from pram_lib.core.jsonable import to_json
 from pram_lib.core.perturb import sample_keep_uniform
+from pram_lib.core.quantile import z_value
 
 __all__ = [
     "GroupChannel", "group_channel", "rr_independent", "rr_joint", "rr_clusters",
@@ -554,39 +555,25 @@ class GroupChannel:
 
     @property
     def gamma(self) -> float:
-        return math.exp(self.epsilon) if self.epsilon < 709.0 else math.inf  # e^709.79 overflows float64
+        return gamma_of(self.epsilon)
 
     # -- publication -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """JSON-ready description (scalars per cluster; the dependence matrix when it was measured)."""
-        clusters = []
-        for c, k, e, p, q in zip(self.clusters, self.cluster_sizes, self.cluster_epsilons, self.keep, self.move):
-            clusters.append({"attributes": [self.attributes[j] for j in c], "indices": list(c), "cells": k,
-                             "epsilon": e, "gamma": math.exp(e), "keep": p, "move_each": q})
-        return {
-            "family": "multi-rr",
-            "method": self.method,
-            "attributes": list(self.attributes),
-            "categories": [[to_json(x) for x in c] for c in self.categories],
-            "clusters": clusters,
-            "epsilon": self.epsilon,
-            "gamma": self.gamma,
-            "epsilon_release": self.epsilon_release,
-            "epsilon_dependence": float(self.epsilon_dependence),
-            "dependence": None if self.dependence is None else np.asarray(self.dependence).tolist(),
-            "details": self.details,
-        }
+        clusters = [ClusterEntry(tuple(c), k, p, q, e) for c, k, e, p, q in
+                    zip(self.clusters, self.cluster_sizes, self.cluster_epsilons, self.keep, self.move)]
+        return encode_group(self.method, self.attributes, self.categories, clusters, self.epsilon_dependence,
+                            self.dependence, self.details)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "GroupChannel":
         """Inverse of :meth:`to_dict`; an entry that is not a valid group is refused (pram_lib.core.codec.EntryError)."""
-        check_entry(d)
-        return cls(attributes=tuple(d["attributes"]), categories=tuple(tuple(c) for c in d["categories"]),
-                   clusters=tuple(tuple(c["indices"]) for c in d["clusters"]),
-                   cluster_epsilons=tuple(c["epsilon"] for c in d["clusters"]), method=d["method"],
-                   epsilon_dependence=d.get("epsilon_dependence", 0.0),
-                   dependence=None if d.get("dependence") is None else np.asarray(d["dependence"]),
-                   details=dict(d.get("details", {})))
+        e = decode_entry(d)
+        if not isinstance(e, GroupEntry):
+            raise EntryError("entry.family", "", f"is {d['family']!r}, not a multi-attribute group (multi-rr)")
+        return cls(attributes=e.attributes, categories=e.categories, clusters=tuple(c.indices for c in e.clusters),
+                   cluster_epsilons=tuple(c.epsilon for c in e.clusters), method=e.method,
+                   epsilon_dependence=e.epsilon_dependence, dependence=e.dependence, details=dict(e.details))
 
     def dense_matrix(self) -> np.ndarray:
         """The full K×K matrix of the release over the product of ALL attributes (row-major cells).
@@ -838,7 +825,7 @@ def _grr_closed_form(counts: np.ndarray, keep: float, level: float) -> dict[str,
     d = keep - q
     est = (lam - q) / d
     se = np.sqrt(np.maximum(lam * (1.0 - lam), 0.0) / n) / d
-    z = float(ndtri(0.5 + level / 2.0))
+    z = z_value(level)
     # MLE on the simplex: p = max(λ/ν − c, 0), c = q/d, Σp = 1 (water-filling over the observed cells)
     c = q / d
     obs = np.flatnonzero(lam > 0)
@@ -1036,7 +1023,7 @@ def estimate_marginal(channel: GroupChannel, released_codes: np.ndarray, attrs: 
         others = np.prod([q["estimate"] for h, q in enumerate(parts) if h != g], axis=0)
         var += (others * p["se"]) ** 2
     se = np.sqrt(var)
-    z = float(ndtri(0.5 + level / 2.0))
+    z = z_value(level)
     cols = {"estimate": est, "se": se, "lower": est - z * se, "upper": est + z * se,
             "projected": np.prod([p["projected"] for p in parts], axis=0),
             "mle": np.prod([p["mle"] for p in parts], axis=0)}

@@ -21,6 +21,7 @@ import numpy as np
 from scipy import optimize
 
 from pram_lib.core.channel import Channel
+from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.jsonable import to_json
 
 __all__ = [
@@ -467,7 +468,7 @@ def uniform_rr(k: int, gamma: float | None = None, *, epsilon: float | None = No
     else:
         eps = usable_epsilon(requested)
         q = _keep_at_most(k, eps) if k > 1 else 1.0
-    g = math.exp(eps) if math.isfinite(eps) else math.inf
+    g = gamma_of(eps)
     r = (1.0 - q) / (k - 1) if k > 1 else 0.0
     xlogx = lambda v: v * np.log(v) if v > 0 else 0.0  # noqa: E731
     mi = float(np.log(k) + xlogx(q) + (k - 1) * xlogx(r))
@@ -784,7 +785,7 @@ def custom_channel(matrix: Any, categories: Sequence[Any], *, output_categories:
     eps = float(np.log(eta[worst]))
     details: dict[str, Any] = {
         "source": "user-supplied matrix M[x, z] = P(Z=z | X=x), used as given",
-        "alpha": _num(eps), "epsilon": _num(eps), "gamma": _num(np.exp(eps)),
+        "alpha": _num(eps), "epsilon": _num(eps), "gamma": _num(gamma_of(eps)),
         "worst_output": to_json(outs[worst]),
         "zero_entries": int(np.count_nonzero(a == 0)),
     }
@@ -965,7 +966,7 @@ def invariant_pram(p: Any, *, min_diagonal: float = 0.8, base: Any = "uniform-of
         "alpha_mix": w,
         "min_diagonal_requested": d,
         "min_diagonal_achieved": min_diag(R),
-        "epsilon": _num(eps), "alpha": _num(eps), "gamma": _num(np.exp(eps)),
+        "epsilon": _num(eps), "alpha": _num(eps), "gamma": _num(gamma_of(eps)),
         "data_dependent": ("R is computed from the source distribution p of this variable and p is a "
                            "stationary distribution of R, so publishing R discloses the source marginal. "
                            "epsilon/gamma describe the matrix only; they are not a differential-privacy "

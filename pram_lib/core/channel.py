@@ -11,11 +11,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pram_lib.core import perturb as _perturb
-from pram_lib.core.codec import check_entry
-from pram_lib.core.epsilon import dense_epsilon, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
+from pram_lib.core.codec import CategoricalEntry, EntryError, decode_entry, encode_categorical
+from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
 from pram_lib.core.guarantee import LDP
-from pram_lib.core.jsonable import to_json
+from pram_lib.core.operators import ChannelOperators, DenseOperators, KeepUniformOperators
+from pram_lib.core.perturb import sample_dense, sample_keep_uniform
 
 MISSING = -1  # code of a missing value; it stays missing through every channel
 
@@ -79,7 +79,7 @@ class Channel:
     @property
     def gamma(self) -> float:
         """Chai–Nayak parity bound γ = e^ε (every Bayes factor lies in [1/γ, γ])."""
-        return float(np.exp(self.epsilon)) if np.isfinite(self.epsilon) else float("inf")
+        return gamma_of(self.epsilon)
 
     # -- structure ---------------------------------------------------------------------------
     @property
@@ -95,35 +95,28 @@ class Channel:
         return self.keep is not None
 
     @property
+    def operators(self) -> ChannelOperators:
+        """Its linear algebra (pram_lib.core.operators): M^T p, the inversion, the estimator's variances."""
+        return KeepUniformOperators(self.keep) if self.keep is not None else DenseOperators(self.dense)
+
+    @property
     def matrix(self) -> np.ndarray:
         """The dense matrix M[x, z]; built on demand for family (8) (O(S^2) memory)."""
-        if self.dense is not None:
-            return np.array(self.dense)
-        s = self.n_inputs
-        q = self.keep
-        m = np.repeat(((1.0 - q) / max(s - 1, 1))[:, None], s, axis=1)
-        np.fill_diagonal(m, q)
-        return m
+        return np.array(self.dense) if self.dense is not None else self.operators.matrix()
 
     def marginal(self, p: Sequence[float]) -> np.ndarray:
         """Distribution of the released value when the true one has distribution p: m = M^T p."""
-        p = np.asarray(p, dtype=float)
-        if self.keep is not None:
-            s = self.n_inputs
-            d = (s * self.keep - 1.0) / (s - 1)
-            t = float(np.sum(p * (1.0 - self.keep))) / (s - 1)
-            return d * p + t
-        return p @ self.dense
+        return self.operators.mt(np.asarray(p, dtype=float))
 
     # -- data path ----------------------------------------------------------------------------
     def perturb_codes(self, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Perturb integer codes 0..k-1 (MISSING = -1 stays missing); returns output codes (int64)."""
         codes = np.asarray(codes)
         if self.keep is not None:  # the kernel checks the range in its pass
-            return _perturb.sample_keep_uniform(codes, self.keep, rng)
+            return sample_keep_uniform(codes, self.keep, rng)
         if codes.size and (codes.max() >= self.n_inputs or codes.min() < MISSING):
             raise ValueError(f"codes must lie in [-1, {self.n_inputs - 1}]")
-        return _perturb.sample_dense(codes, self.dense, rng)
+        return sample_dense(codes, self.dense, rng)
 
     def perturb(self, values: Any, rng: np.random.Generator) -> Any:
         """Perturb labels (pandas Series / array of category labels; missing stays missing).
@@ -150,41 +143,26 @@ class Channel:
     # -- publication ----------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """What a release publishes about this channel (JSON-ready)."""
-        out: dict[str, Any] = {
-            "variables": list(self.variables),
-            "categories": [to_json(c) for c in self.categories],
-            "epsilon": self.epsilon if np.isfinite(self.epsilon) else "inf",
-            "gamma": self.gamma if np.isfinite(self.gamma) else "inf",
-            "method": self.method,
-            "certified": self.certified,
-            "objective_nats": None if np.isnan(self.objective) else self.objective,
-            "details": self.details,
-        }
-        if self.keep is not None:
-            out["family"] = "keep-uniform"
-            out["keep"] = self.keep.tolist()
-        else:
-            out["family"] = "dense"
-            out["output_categories"] = [to_json(c) for c in self.output_categories]
-            out["matrix"] = self.dense.tolist()
-        return out
+        return encode_categorical(self.variables, self.categories, self.output_categories, self.keep, self.dense,
+                                  self.epsilon, self.method, self.certified, self.objective, self.details)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Channel":
         """Inverse of to_dict (an analyst rebuilds the published channel); an entry that is not a valid channel is
         refused (pram_lib.core.codec.EntryError, naming the field)."""
-        check_entry(d)
-        kw = dict(
-            variables=tuple(d["variables"]),
-            categories=tuple(d["categories"]),
-            method=d["method"],
-            objective=float("nan") if d.get("objective_nats") is None else d["objective_nats"],
-            certified=d.get("certified", True),
-            details=d.get("details", {}),
-        )
-        if d["family"] == "keep-uniform":
-            return cls(keep=np.asarray(d["keep"]), **kw)
-        return cls(dense=np.asarray(d["matrix"]), output_categories=tuple(d["output_categories"]), **kw)
+        e = decode_entry(d)
+        if not isinstance(e, CategoricalEntry):
+            raise EntryError("entry.family", "", f"is {d['family']!r}, not a categorical channel (keep-uniform, dense)")
+        return cls.from_entry(e)
+
+    @classmethod
+    def from_entry(cls, e: "CategoricalEntry") -> "Channel":
+        """The channel a read entry (pram_lib.core.codec.decode_entry) publishes."""
+        kw = dict(variables=e.variables, categories=e.categories, method=e.method, objective=e.objective,
+                  certified=e.certified, details=e.details)
+        if e.keep is not None:
+            return cls(keep=e.keep, **kw)
+        return cls(dense=e.matrix, output_categories=e.output_categories, **kw)
 
     def __repr__(self) -> str:
         kind = "keep-uniform" if self.keep is not None else f"dense {self.n_inputs}x{self.n_outputs}"

@@ -9,7 +9,7 @@ What is checked (the maths each reader relies on):
 - the claimed ε (the entry's and its guarantee's) is at least the matrix's own ε, the largest log ratio within
   a column (pram_lib.core.epsilon), within ``EPSILON_TOLERANCE``; γ = e^ε;
 - identifiability: the matrix has full row rank and a condition number at most ``MAX_CONDITION`` (the bound
-  the estimators apply, pram_lib.core.estimate), else no estimate of the true distribution exists;
+  the estimators apply, pram_lib.core.operators), else no estimate of the true distribution exists;
 - a multi-attribute RR group: clusters partition the attributes, K = the product of their category counts,
   keep + (K − 1) move_each = 1, keep = e^ε / (e^ε + K − 1) for the cluster's ε, ε_release = Σ cluster ε;
 - additive noise: θ, η finite and positive, E Y = 0 and Var Y = θ(θ + 1)η² as published, a known scale;
@@ -20,13 +20,16 @@ What is checked (the maths each reader relies on):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
 
 import numpy as np
 
-from pram_lib.core.epsilon import dense_epsilon, keep_uniform_epsilon
-from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, _Dense, _KeepUniform
+from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_epsilon
+from pram_lib.core.jsonable import to_json
+from pram_lib.core.operators import (DEFAULT_MAX_CONDITION, ChannelOperators, DenseOperators, KaryRR,
+                                     KeepUniformOperators)
 
 ROW_SUM_TOLERANCE = 1e-9      # |Σ_z M[x, z] − 1| (the spec's custom matrices are held to the same)
 EPSILON_TOLERANCE = 1e-9      # relative: a claimed ε may fall short of the matrix's by rounding only
@@ -74,7 +77,7 @@ def _keep_uniform(e: Mapping, path: str) -> None:
             raise EntryError(f"{path}.keep[0]", name, f"is {float(keep[0])!r}: with one category the row is "
                                                        "keep[0] alone and must be 1")
     else:
-        _identifiable(_KeepUniform(keep), f"{path}.keep", name)
+        _identifiable(KeepUniformOperators(keep), f"{path}.keep", name)
     _epsilon_claims(e, path, name, keep_uniform_epsilon(keep))
 
 
@@ -87,7 +90,7 @@ def _dense(e: Mapping, path: str) -> None:
                                                  f"categories and {len(outs)} output_categories")
     _probabilities(m, f"{path}.matrix", name, lambda x, z: f"P(released {outs[z]!r} | true {cats[x]!r})")
     _rows_sum_to_one(m.sum(axis=1), f"{path}.matrix", name, cats)
-    _identifiable(_Dense(m), f"{path}.matrix", name)
+    _identifiable(DenseOperators(m), f"{path}.matrix", name)
     _epsilon_claims(e, path, name, dense_epsilon(m))
 
 
@@ -287,6 +290,220 @@ def check_document(doc: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# reading and writing: the one decoder and encoder of channels.json entries
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class CategoricalEntry:
+    """A categorical channel as published (family keep-uniform or dense), read: one stratum's channel of a
+    variable (`stratum_key`: its values of `strata_columns`; empty when unstratified)."""
+
+    variables: tuple
+    categories: tuple
+    output_categories: tuple
+    keep: np.ndarray | None
+    matrix: np.ndarray | None
+    epsilon: float
+    method: str
+    certified: bool
+    objective: float
+    details: dict
+    strata_columns: tuple[str, ...]
+    stratum_key: tuple
+
+    @property
+    def variable(self) -> str:
+        return self.variables[0]
+
+    def operators(self) -> ChannelOperators:
+        """Its algebra (pram_lib.core.operators)."""
+        return KeepUniformOperators(self.keep) if self.keep is not None else DenseOperators(self.matrix)
+
+
+@dataclass(frozen=True)
+class ClusterEntry:
+    """One cluster of a multi-rr group: K-ary RR on the product of its attributes' categories."""
+
+    indices: tuple[int, ...]
+    cells: int
+    keep: float
+    move_each: float
+    epsilon: float
+
+    def operators(self) -> KaryRR:
+        return KaryRR(self.cells, self.keep)
+
+
+@dataclass(frozen=True, eq=False)
+class GroupEntry:
+    """A multi-attribute randomized-response group (family multi-rr), read."""
+
+    variable: str
+    attributes: tuple[str, ...]
+    categories: tuple[tuple, ...]
+    clusters: tuple[ClusterEntry, ...]
+    epsilon: float
+    epsilon_dependence: float
+    dependence: np.ndarray | None
+    method: str
+    details: dict
+
+
+@dataclass(frozen=True, eq=False)
+class NoiseEntry:
+    """A continuous variable released as T(x) + Y, Y two-sided Gamma(θ, η) (family two-sided-gamma), read."""
+
+    variables: tuple[str, ...]
+    theta: float
+    eta: float
+    noise_mean: float
+    noise_variance: float
+    scale: str
+    method: str
+    objective: float
+    details: dict
+
+
+Entry = Union[CategoricalEntry, GroupEntry, NoiseEntry]
+
+
+def decode_entry(entry: Any, path: str = "entry") -> Entry:
+    """Check (:func:`check_entry`) and read one channels.json entry."""
+    check_entry(entry, path)
+    return _decode(entry)
+
+
+def decode_entries(entries: Any, path: str = "channels") -> list[Entry]:
+    """Check (:func:`check_entries`) and read every entry of a channels.json."""
+    check_entries(entries, path)
+    return [_decode(e) for e in entries]
+
+
+def decode_document(doc: Any) -> list[Entry]:
+    """Check (:func:`check_document`) and read a whole channels.json's entries."""
+    check_document(doc)
+    return [_decode(e) for e in doc["channels"]]
+
+
+def _inf_or_float(x: Any) -> float:
+    return math.inf if x == "inf" else float(x)
+
+
+def _objective(x: Any) -> float:
+    """A chooser's objective value, informative only (not checked): nan unless a number."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def _decode(e: Mapping) -> Entry:
+    family = e["family"]
+    if family in ("keep-uniform", "dense"):
+        cats = tuple(e["categories"])
+        keep = _readonly(e["keep"]) if family == "keep-uniform" else None
+        return CategoricalEntry(
+            variables=tuple(e["variables"]), categories=cats,
+            output_categories=cats if keep is not None else tuple(e.get("output_categories") or cats),
+            keep=keep, matrix=None if keep is not None else _readonly(e["matrix"]),
+            epsilon=_inf_or_float(e["epsilon"]), method=str(e.get("method", "")), certified=e.get("certified", True),
+            objective=_objective(e.get("objective_nats")), details=e.get("details", {}),
+            strata_columns=tuple(e.get("strata_columns") or ()), stratum_key=tuple(e.get("stratum_key") or ()))
+    if family == "multi-rr":
+        attrs = tuple(str(a) for a in e["attributes"])
+        clusters = []
+        for cl in e["clusters"]:
+            cells = int(cl["cells"]) if "cells" in cl else math.prod(len(e["categories"][j]) for j in cl["indices"])
+            keep = float(cl["keep"])
+            move = float(cl["move_each"]) if "move_each" in cl else ((1.0 - keep) / (cells - 1) if cells > 1 else 0.0)
+            clusters.append(ClusterEntry(tuple(cl["indices"]), cells, keep, move, _inf_or_float(cl["epsilon"])))
+        total = sum(c.epsilon for c in clusters) + float(e.get("epsilon_dependence", 0.0))
+        return GroupEntry(
+            variable=str(e.get("variable", "+".join(attrs))), attributes=attrs,
+            categories=tuple(tuple(c) for c in e["categories"]), clusters=tuple(clusters),
+            epsilon=_inf_or_float(e.get("epsilon", total)), epsilon_dependence=float(e.get("epsilon_dependence", 0.0)),
+            dependence=None if e.get("dependence") is None else _readonly(e["dependence"]),
+            method=str(e.get("method", "")),
+            details=dict(e.get("details", {})))
+    theta, eta = float(e["theta"]), float(e["eta"])
+    return NoiseEntry(
+        variables=tuple(e["variables"]), theta=theta, eta=eta, noise_mean=float(e.get("noise_mean", 0.0)),
+        noise_variance=float(e.get("noise_variance", theta * (theta + 1.0) * eta * eta)),
+        scale=e.get("scale", "identity"), method=str(e.get("method", "")), objective=_objective(e.get("objective")),
+        details=e.get("details", {}))
+
+
+def _readonly(x: Any) -> np.ndarray:
+    a = np.array(x, dtype=float)
+    a.setflags(write=False)
+    return a
+
+
+def _json_number(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"
+
+
+def encode_categorical(variables, categories, output_categories, keep, matrix, epsilon: float, method: str,
+                       certified: bool, objective: float, details: dict) -> dict:
+    """The channels.json entry of a categorical channel (keep-uniform when `keep` is given, else dense); the
+    fields its family, stratum and guarantee add are added by the caller."""
+    out: dict[str, Any] = {
+        "variables": list(variables),
+        "categories": [to_json(c) for c in categories],
+        "epsilon": _json_number(epsilon),
+        "gamma": _json_number(gamma_of(epsilon)),
+        "method": method,
+        "certified": certified,
+        "objective_nats": None if math.isnan(objective) else objective,
+        "details": details,
+    }
+    if keep is not None:
+        out["family"] = "keep-uniform"
+        out["keep"] = np.asarray(keep).tolist()
+    else:
+        out["family"] = "dense"
+        out["output_categories"] = [to_json(c) for c in output_categories]
+        out["matrix"] = np.asarray(matrix).tolist()
+    return out
+
+
+def encode_group(method: str, attributes, categories, clusters: Sequence[ClusterEntry], epsilon_dependence: float,
+                 dependence, details: dict) -> dict:
+    """The channels.json entry of a multi-attribute RR group (scalars per cluster, never a K-vector)."""
+    release = float(sum(c.epsilon for c in clusters))
+    epsilon = release + float(epsilon_dependence)
+    return {
+        "family": "multi-rr",
+        "method": method,
+        "attributes": list(attributes),
+        "categories": [[to_json(x) for x in c] for c in categories],
+        "clusters": [{"attributes": [attributes[j] for j in c.indices], "indices": list(c.indices), "cells": c.cells,
+                      "epsilon": c.epsilon, "gamma": gamma_of(c.epsilon), "keep": c.keep, "move_each": c.move_each}
+                     for c in clusters],
+        "epsilon": epsilon,
+        "gamma": gamma_of(epsilon),
+        "epsilon_release": release,
+        "epsilon_dependence": float(epsilon_dependence),
+        "dependence": None if dependence is None else np.asarray(dependence).tolist(),
+        "details": details,
+    }
+
+
+def encode_noise(variables, theta: float, eta: float, noise_variance: float, method: str, objective: float,
+                 details: dict) -> dict:
+    """The channels.json entry of two-sided Gamma noise (ε "inf": it is not differential privacy)."""
+    return {
+        "family": "two-sided-gamma",
+        "variables": list(variables),
+        "theta": theta,
+        "eta": eta,
+        "noise_mean": 0.0,
+        "noise_variance": noise_variance,
+        "method": method,
+        "objective": None if math.isnan(objective) else float(objective),
+        "epsilon": "inf",
+        "differential_privacy": False,
+        "details": to_json(details),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
 # pieces
 # ------------------------------------------------------------------------------------------------
 def _true(e: Mapping) -> list:
@@ -374,7 +591,7 @@ def _rows_sum_to_one(sums: np.ndarray, path: str, name: str, cats: list) -> None
 def dense_condition(matrix: np.ndarray) -> float:
     """2-norm condition number of a k × m channel matrix (inf below full row rank): above ``MAX_CONDITION`` its
     true distribution cannot be estimated."""
-    return _Dense(np.asarray(matrix, dtype=float)).condition()
+    return DenseOperators(np.asarray(matrix, dtype=float)).condition()
 
 
 def _identifiable(ops, path: str, name: str) -> None:
@@ -423,7 +640,7 @@ def _gamma_claim(doc: Mapping, path: str, name: str, eps: float) -> None:
     if "gamma" not in doc:
         return
     gamma = _number(doc, "gamma", path, name, allow_inf=True)
-    expected = math.exp(eps) if eps < 700 else math.inf
+    expected = gamma_of(eps)
     if not (math.isinf(expected) and gamma > 1e300) and not math.isclose(gamma, expected,
                                                                          rel_tol=EPSILON_TOLERANCE):
         raise EntryError(f"{path}.gamma", name, f"is {gamma!r} but e^ε = {expected!r} for ε = {eps!r}")

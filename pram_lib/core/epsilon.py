@@ -1,9 +1,20 @@
 """The smallest ε for which a categorical channel's matrix is ε-LDP: the largest log ratio within a column,
-max_z log(max_x M[x, z] / min_x M[x, z]) (an output no input can produce imposes nothing: 0/0 counts as 1)."""
+max_z log(max_x M[x, z] / min_x M[x, z]) (an output no input can produce imposes nothing: 0/0 counts as 1);
+and γ = e^ε (:func:`gamma_of`), computed here only."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+
+GAMMA_INF_FROM = 700.0   # e^700 ≈ 1e304 nears the largest float (e^709.78): γ is inf from here on (the schema's rule)
+
+
+def gamma_of(epsilon: float) -> float:
+    """γ = e^ε, the bound on every Bayes factor of an ε-LDP channel; inf from ε = GAMMA_INF_FROM on."""
+    return math.exp(epsilon) if epsilon < GAMMA_INF_FROM else math.inf
 
 
 def keep_uniform_epsilon(keep: np.ndarray) -> float:

@@ -28,8 +28,8 @@ M[x, z] = P(Z = z | X = x) is the channel's k×m matrix; m̂ = N / n.
 
 Family (8) channels (``keep`` = q) are never densified: with d = (S q − 1)/(S − 1), r = (1 − q)/(S − 1),
 M = diag(d) + r 1^T; M^T p = d∘p + (r·p) 1 and M u = d∘u + r (1^T u) are O(S), and so are the inversion,
-the variances and the ∞-norm condition number (formulas in :class:`_KeepUniform`). For S > 2000 the full
-S×S covariance is not formed: ``cov`` is None and ``se`` comes from the O(S) diagonal.
+the variances and the ∞-norm condition number (formulas in pram_lib.core.operators.KeepUniformOperators).
+For S > 2000 the full S×S covariance is not formed: ``cov`` is None and ``se`` comes from the O(S) diagonal.
 
 Non-identifiability (pram_dp.md §6.2, T18; chai_nayak.md §7): if M has rank < k (e.g. fewer outputs than
 inputs, two identical rows, or a family-(8) channel at a singular α such as S = 10, α = log(5/3) with six
@@ -47,15 +47,13 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.linalg import null_space, solve_triangular
-from scipy.special import ndtri
+
+from pram_lib.core.operators import (DEFAULT_MAX_CONDITION, KeepUniformOperators, NonIdentifiableError,  # noqa: F401
+                                     gradient, keep_condition, operators_of)
+from pram_lib.core.quantile import z_value
 
 DENSE_COV_MAX_S = 2000  # family (8): above this S no S×S covariance is built
-DEFAULT_MAX_CONDITION = 1e12
-
-
-class NonIdentifiableError(ValueError):
-    """The channel matrix is (numerically) singular: the true distribution cannot be estimated."""
+_ops = operators_of   # the old private name, for pram_lib/pipeline/plan.py until it calls operators_of (issue 27)
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,257 +122,12 @@ def _advice() -> str:
             "(all q_k = e^α/(e^α+S−1)), which is invertible for every α > 0.")
 
 
-class _KeepUniform:
-    """Family (8) in O(S): M = diag(d) + r 1^T, rows sum to 1 so r = (1 − d)/S.
-
-    Inversion with a pivot k = argmin |d_k| (stable also when one d_k = 0, i.e. q_k = 1/S, where M is still
-    invertible): M^T p = m reads d_j p_j + c = m_j with c = r·p, and 1^T p = 1^T m = T. Eliminating p_k,
-        c = g·m,  g_k = (1 − d_k)/δ,  g_j = d_k (1/d_j − 1)/δ  (j ≠ k),  δ = 1 + d_k Σ_{j≠k} 1/d_j,
-        p_j = (m_j − c)/d_j (j ≠ k),  p_k = T − Σ_{j≠k} p_j.
-    Without pivoting (all d_k ≠ 0) this is pram_dp.md's c = Σ r_k m_k/d_k / (1 + Σ r_k/d_k); δ = d_k S γ
-    with γ = 1 + Σ r/d = Σ(1/d)/S, so det M = Π d · Σ(1/d) / S and M is singular iff δ = 0 (or two d's are 0).
-
-    So G = M^{-T} = diag(h) − h g^T + e_k w^T with h_j = 1/d_j (h_k = 0), w = 1 − h + A g, A = Σ_j h_j
-    (Sherman–Morrison in disguise). Then with W = Σ m_i g_i^2:
-        n Var(p̂_j) = h_j^2 (m_j (1 − 2 g_j) + W) − p̂_j^2      (j ≠ k)
-        n Var(p̂_k) = Σ_i m_i w_i^2 − p̂_k^2.
-    ||M||_∞ = 1 and ||M^{-1}||_∞ = ||G||_1 (max column sum of |G|), also O(S).
-    """
-
-    def __init__(self, keep: np.ndarray):
-        q = np.asarray(keep, dtype=float)
-        s = q.size
-        self.q, self.s = q, s
-        self.d = (s * q - 1.0) / (s - 1)
-        self.r = (1.0 - q) / (s - 1)
-        self.k = int(np.argmin(np.abs(self.d)))
-        self.n_zero = int(np.sum(self.d == 0.0))
-
-    # M^T p and M u
-    def mt(self, p: np.ndarray) -> np.ndarray:
-        return self.d * p + float(self.r @ p)
-
-    def mu(self, u: np.ndarray) -> np.ndarray:
-        return self.d * u + self.r * float(u.sum())
-
-    def grad(self, mhat: np.ndarray, p: np.ndarray) -> np.ndarray:
-        return _grad(self, mhat, p)
-
-    def newton_direction(self, mhat, p, idx, g):
-        """Newton step on the support idx in O(|idx|).
-
-        On A, H_AA = Λ + U C U^T with Λ = diag(d² w), w = m̂/μ², U = [d∘w, r], C = [[0, 1], [1, Σw]]
-        (from M = diag(d) + r 1^T). With B = [U, 1], η = (C U^T Δ, ν), E = blockdiag(C^{-1}, 0) the
-        bordered system becomes ΛΔ + Bη = g, B^T Δ = Eη. Where Λ_x > 0 (set P), Δ_x = (g_x − B_x η)/Λ_x;
-        where Λ_x = 0 (set Z: unobserved output or d_x = 0) the rows read B_x η = g_x, and Δ_Z only enters
-        through σ = B_Z^T Δ_Z. So (η, σ) solve the small system K η − σ = B_P^T Λ_P^{-1} g_P, B_Z η = g_Z,
-        σ ⊥ null(B_Z), with K = B_P^T Λ_P^{-1} B_P + E; then Δ_Z is the minimum-norm solution of
-        B_Z^T Δ_Z = σ.
-        """
-        live = mhat > 0
-        mu = self.mt(p)
-        w = np.zeros_like(mhat)
-        w[live] = mhat[live] / mu[live] ** 2
-        sw = float(w.sum())
-        d, r = self.d[idx], self.r[idx]
-        wa = w[idx]
-        lam = d * d * wa
-        B = np.column_stack([d * wa, r, np.ones(idx.size)])
-        E = np.array([[-sw, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-        top = lam.max() if lam.size else 0.0
-        P = lam > 1e-12 * top if top > 0 else np.zeros(idx.size, dtype=bool)
-        Z = ~P
-        gA = g[idx]
-        BP, li = B[P], 1.0 / lam[P]
-        K = BP.T @ (BP * li[:, None]) + E
-        rhs = BP.T @ (gA[P] * li)
-        delta = np.zeros(idx.size)
-        if not Z.any():
-            eta = np.linalg.lstsq(K, rhs, rcond=None)[0]
-        else:
-            BZ = B[Z]
-            u, sv, vt = np.linalg.svd(BZ, full_matrices=False)
-            rank = int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
-            null = null_space(vt[:rank]).T if rank else np.eye(3)  # basis of null(B_Z) in R^3
-            rows = [np.hstack([K, -np.eye(3)]), np.hstack([BZ, np.zeros((BZ.shape[0], 3))])]
-            if null.shape[0]:
-                rows.append(np.hstack([np.zeros((null.shape[0], 3)), null]))
-            big = np.vstack(rows)
-            b = np.concatenate([rhs, gA[Z], np.zeros(null.shape[0])])
-            sol = np.linalg.lstsq(big, b, rcond=None)[0]
-            eta, sigma = sol[:3], sol[3:]
-            # minimum-norm Δ_Z with B_Z^T Δ_Z = σ
-            delta[Z] = u[:, :rank] @ ((vt[:rank] @ sigma) / sv[:rank])
-        delta[P] = li * (gA[P] - BP @ eta)
-        return delta
-
-    def _parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        d, k = self.d, self.k
-        h = np.zeros(self.s)
-        mask = np.ones(self.s, dtype=bool)
-        mask[k] = False
-        with np.errstate(divide="ignore"):
-            h[mask] = 1.0 / d[mask]
-        a = float(h.sum())
-        delta = 1.0 + d[k] * a
-        with np.errstate(divide="ignore", invalid="ignore"):
-            g = d[k] * (h - 1.0) / delta
-            g[k] = (1.0 - d[k]) / delta
-        w = 1.0 - h + a * g
-        return h, g, w
-
-    def condition(self) -> float:
-        return float(keep_condition(self.q)[0])
-
-    def why_singular(self) -> str:
-        if self.n_zero >= 2:
-            return (f"{self.n_zero} categories have keep probability exactly 1/S, so their rows of M are "
-                    f"identical (uniform) and rank M <= {self.s - self.n_zero + 1} < {self.s}")
-        return (f"det M = Π d_k · Σ_k (1/d_k) / S with d_k = (S q_k − 1)/(S − 1), and "
-                f"Σ 1/d_k = {float(np.sum(1.0 / self.d)):.3g} ≈ 0 relative to Σ |1/d_k| = "
-                f"{float(np.sum(np.abs(1.0 / self.d))):.3g}")
-
-    def invert(self, m: np.ndarray) -> np.ndarray:
-        h, g, _ = self._parts()
-        c = float(g @ m)
-        p = h * (m - c)
-        p[self.k] = 0.0
-        p[self.k] = float(m.sum()) - float(p.sum())
-        return p
-
-    def var_diag(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
-        h, g, w = self._parts()
-        big_w = float(m @ (g * g))
-        v = h * h * (m * (1.0 - 2.0 * g) + big_w)
-        v[self.k] = float(m @ (w * w))
-        return v - p * p
-
-    def cov(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
-        """n Cov = G diag(m) G^T − p p^T in O(S^2), from G = H + e_k w^T, H = diag(h) − h g^T."""
-        h, g, w = self._parts()
-        k = self.k
-        big_w = float(m @ (g * g))
-        hmg = h * m * g
-        out = np.diag(h * h * m) - np.outer(hmg, h) - np.outer(h, hmg) + big_w * np.outer(h, h)
-        hdw = h * m * w - h * float(g @ (m * w))  # H diag(m) w
-        out[:, k] += hdw
-        out[k, :] += hdw
-        out[k, k] += float(m @ (w * w))
-        out -= np.outer(p, p)
-        return out
-
-
-def keep_condition(keep: np.ndarray) -> np.ndarray:
-    """∞-norm condition numbers of family-(8) matrices, one per row of ``keep`` (N, S), vectorised: O(N·S).
-
-    ||M||_∞ = 1 and ||M^{-1}||_∞ = ||G||_1 from the pivoted inverse of :class:`_KeepUniform`; inf where M is
-    singular (two or more keep probabilities at 1/S, or δ = 0)."""
-    q = np.atleast_2d(np.asarray(keep, dtype=float))
-    n, s = q.shape
-    if s < 2:
-        return np.full(n, np.inf)
-    d = (s * q - 1.0) / (s - 1)
-    rows = np.arange(n)
-    k = np.argmin(np.abs(d), axis=1)
-    dk = d[rows, k]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = 1.0 / d
-        h[rows, k] = 0.0
-        a = h.sum(axis=1)
-        delta = 1.0 + dk * a
-        g = dk[:, None] * (h - 1.0) / delta[:, None]
-        g[rows, k] = (1.0 - dk) / delta
-        w = 1.0 - h + a[:, None] * g
-        habs = np.abs(h).sum(axis=1)
-        col = np.abs(g) * (habs[:, None] - np.abs(h)) + np.abs(h) * np.abs(1.0 - g) + np.abs(w)
-        col[rows, k] = np.abs(g[rows, k]) * habs + np.abs(w[rows, k])
-        cond = col.max(axis=1)
-    bad = (np.sum(d == 0.0, axis=1) >= 2) | ~np.all(np.isfinite(g), axis=1) | ~np.all(np.isfinite(h), axis=1) \
-        | ~np.isfinite(cond)
-    return np.where(bad, np.inf, cond)
-
-
-class _Dense:
-    """General k×m matrix: SVD for rank/condition, inverse (square) or pseudo-inverse (m > k)."""
-
-    def __init__(self, matrix: np.ndarray):
-        self.M = np.asarray(matrix, dtype=float)
-        self.kin, self.kout = self.M.shape
-        self._g = None
-
-    def mt(self, p: np.ndarray) -> np.ndarray:
-        return p @ self.M
-
-    def mu(self, u: np.ndarray) -> np.ndarray:
-        return self.M @ u
-
-    def condition(self) -> float:
-        if self.kout < self.kin:
-            return float("inf")
-        sv = np.linalg.svd(self.M, compute_uv=False)
-        self.rank = int(np.sum(sv > sv[0] * max(self.M.shape) * np.finfo(float).eps))
-        return float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
-
-    def why_singular(self) -> str:
-        if self.kout < self.kin:
-            return (f"it has only {self.kout} output categories for {self.kin} true ones, so M^T "
-                    "cannot have full column rank")
-        rank = getattr(self, "rank", None)
-        return f"rank M = {rank} < {self.kin} (numerical rank, SVD)"
-
-    def grad(self, mhat: np.ndarray, p: np.ndarray) -> np.ndarray:
-        return _grad(self, mhat, p)
-
-    def newton_direction(self, mhat, p, idx, g):
-        """Δ on the support idx from the dense bordered system (LU; lstsq if H is singular)."""
-        live = mhat > 0
-        Ml = self.M[np.ix_(idx, np.nonzero(live)[0])]
-        mu = self.mt(p)[live]
-        na = idx.size
-        K = np.zeros((na + 1, na + 1))
-        K[:na, :na] = (Ml * (mhat[live] / mu**2)) @ Ml.T
-        K[:na, na] = K[na, :na] = 1.0
-        rhs = np.concatenate([g[idx], [0.0]])
-        try:
-            sol = np.linalg.solve(K, rhs)
-            if not np.all(np.isfinite(sol)) or np.abs(K @ sol - rhs).max() > 1e-8 * (1 + np.abs(rhs).max()):
-                raise np.linalg.LinAlgError
-        except np.linalg.LinAlgError:
-            sol = np.linalg.lstsq(K, rhs, rcond=None)[0]
-        return sol[:na]
-
-    def G(self) -> np.ndarray:
-        """M^{-T} (square) or the least-squares left inverse L = (M M^T)^{-1} M of M^T, via QR: M^T = QR,
-        L = R^{-1} Q^T (same as pinv(M^T) at full column rank, without an SVD)."""
-        if self._g is None:
-            mt = self.M.T
-            if self.kin == self.kout:
-                self._g = np.linalg.inv(mt)
-            else:
-                qm, rm = np.linalg.qr(mt)
-                self._g = solve_triangular(rm, qm.T)
-        return self._g
-
-    def invert(self, m: np.ndarray) -> np.ndarray:
-        if self.kin == self.kout:
-            return np.linalg.solve(self.M.T, m)
-        return self.G() @ m
-
-    def var_diag(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
-        g = self.G()
-        return (g * g) @ m - p * p
-
-    def cov(self, m: np.ndarray, p: np.ndarray) -> np.ndarray:
-        g = self.G()
-        return (g * m) @ g.T - np.outer(p, p)
-
-
 def channel_condition(channel) -> tuple[float, str]:
     """(condition number of the channel matrix, why it is singular): the estimator's identifiability test. The
     true distribution can be estimated from the release iff the number is finite and <= DEFAULT_MAX_CONDITION
     (every chooser checks this when it chooses: :func:`require_identifiable`)."""
     try:
-        ops = _ops(channel)
+        ops = operators_of(channel)
     except NonIdentifiableError as exc:
         return float("inf"), str(exc)
     cond = ops.condition()
@@ -385,14 +138,6 @@ def is_identifiable(channel, max_condition: float = DEFAULT_MAX_CONDITION) -> bo
     """True when the estimator can invert the channel (finite condition number <= ``max_condition``)."""
     cond, _ = channel_condition(channel)
     return bool(np.isfinite(cond) and cond <= max_condition)
-
-
-def _ops(channel):
-    if channel.keep is not None:
-        if channel.n_inputs < 2:
-            raise NonIdentifiableError(f"variable {_label(channel)!r}: a channel needs at least 2 categories")
-        return _KeepUniform(channel.keep)
-    return _Dense(channel.dense)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -436,7 +181,7 @@ def _check_support(channel, ops, mhat) -> None:
 # ------------------------------------------------------------------------------------------------
 def log_likelihood(channel, counts, p) -> float:
     """Multinomial log-likelihood Σ_z N_z log (M^T p)_z (up to the constant), with 0 log 0 = 0."""
-    ops = _ops(channel)
+    ops = operators_of(channel)
     c = _counts(channel, counts)
     return _loglik(ops, c / c.sum(), np.asarray(p, dtype=float)) * c.sum()
 
@@ -466,29 +211,22 @@ def em_mle(channel, counts, *, tol: float = 1e-12, max_iter: int = 100000, start
     The error in p at the stop is about tol / (1 − ρ), ρ the EM contraction rate (close to 1 for nearly
     uniform channels). Returns (p, number of F evaluations, converged).
     """
-    ops = _ops(channel)
+    ops = operators_of(channel)
     c = _counts(channel, counts)
     mhat = c / c.sum()
     _check_support(channel, ops, mhat)
     k = channel.n_inputs
     p = np.full(k, 1.0 / k) if start is None else np.asarray(start, dtype=float).copy()
-    return _em(ops, mhat, p, tol, max_iter, accelerate)
+    return run_em(ops, mhat, p, tol, max_iter, accelerate)
 
 
-def _grad(ops, mhat, p):
-    """g_x = ∂ℓ/∂p_x = Σ_z M_xz m̂_z / (M^T p)_z; the simplex MLE has g <= 1, with g = 1 on its support."""
-    live = mhat > 0
-    mp = ops.mt(p)
-    ratio = np.zeros_like(mhat)
-    ratio[live] = mhat[live] / mp[live]
-    return ops.mu(ratio)
-
-
-def _em(ops, mhat, p, tol, max_iter, accelerate, kkt_tol=1e-9):
+def run_em(ops, mhat, p, tol, max_iter, accelerate, kkt_tol=1e-9):
+    """The EM / SQUAREM iterations of :func:`em_mle` on any operators with ``mt`` (M^T p) and ``mu`` (M u), from
+    ``p``; returns (p, map evaluations, converged)."""
     live = mhat > 0
 
     def grad(p):
-        return _grad(ops, mhat, p)
+        return gradient(ops, mhat, p)
 
     def F(p):
         out = p * grad(p)
@@ -643,16 +381,16 @@ def _mle(ops, mhat, p_inv, n_outputs, em_tol, em_max_iter):
     if s == n_outputs and np.all(p_inv > 0):
         return p_inv.copy(), 0, 0, True, "inversion"
     start = np.full(s, 1.0 / s)
-    if isinstance(ops, _KeepUniform) or s <= NEWTON_MAX_K:
+    if isinstance(ops, KeepUniformOperators) or s <= NEWTON_MAX_K:
         # a few SQUAREM-EM steps from the uniform start, then Newton on the support to machine precision
         # (KKT-certified); if the polish fails, EM carries on to em_tol
-        p_em, iters, _ = _em(ops, mhat, start, max(em_tol, 1e-6), min(em_max_iter, EM_BEFORE_NEWTON), True)
+        p_em, iters, _ = run_em(ops, mhat, start, max(em_tol, 1e-6), min(em_max_iter, EM_BEFORE_NEWTON), True)
         mle, newton_iters, conv = _newton_polish(ops, mhat, p_em)
         if conv:
             return mle, iters, newton_iters, True, "em+newton"
-        mle, more, conv = _em(ops, mhat, p_em, em_tol, max(em_max_iter - iters, 1), True)
+        mle, more, conv = run_em(ops, mhat, p_em, em_tol, max(em_max_iter - iters, 1), True)
         return mle, iters + more, newton_iters, conv, "em"
-    mle, iters, conv = _em(ops, mhat, start, em_tol, em_max_iter, True)
+    mle, iters, conv = run_em(ops, mhat, start, em_tol, em_max_iter, True)
     return mle, iters, 0, conv, "em"
 
 
@@ -674,7 +412,7 @@ def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float
     c = _counts(channel, counts)
     n = float(c.sum())
     mhat = c / n
-    ops = _ops(channel)
+    ops = operators_of(channel)
     cond = ops.condition()
     if not np.isfinite(cond) or cond > max_condition:
         raise NonIdentifiableError(
@@ -685,7 +423,7 @@ def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float
 
     p_inv = ops.invert(mhat)
     s = channel.n_inputs
-    big = isinstance(ops, _KeepUniform) and s > DENSE_COV_MAX_S
+    big = isinstance(ops, KeepUniformOperators) and s > DENSE_COV_MAX_S
     if big:
         cov = None
         var = ops.var_diag(mhat, p_inv) / n
@@ -694,7 +432,7 @@ def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float
         cov = (cov + cov.T) / 2.0
         var = np.diag(cov).copy()
     se = np.sqrt(np.maximum(var, 0.0))
-    z = float(ndtri(0.5 + level / 2.0))
+    z = z_value(level)
     projected = project_to_simplex(p_inv)
 
     mle, iters, newton_iters, conv, how = _mle(ops, mhat, p_inv, channel.n_outputs, em_tol, em_max_iter)

@@ -13,9 +13,10 @@ variable are disjoint, so a variable spends the largest ε among them).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Union
+
+from pram_lib.core.epsilon import gamma_of
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class LDP:
 
     @property
     def gamma(self) -> float:
-        return math.exp(self.epsilon) if math.isfinite(self.epsilon) and self.epsilon < 700 else math.inf
+        return gamma_of(self.epsilon)
 
     def plus(self, epsilon: float) -> "LDP":
         """Sequential composition with another ε-LDP step on the same record (e.g. a DP prior)."""

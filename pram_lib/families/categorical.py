@@ -22,6 +22,7 @@ from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import Channel, encode
 from pram_lib.core.counting import codes_of, combination_counts
+from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.estimate import is_identifiable, share_variance
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
@@ -585,7 +586,7 @@ class Categorical(Family):
 
     def privacy_rows(self, spec, v, assignments):
         eps = max(a.channel.epsilon for a in assignments)
-        g = math.exp(eps)
+        g = gamma_of(eps)
         methods = sorted({a.channel.method for a in assignments})
         post = " | ".join(f"{100 * h_gamma(p, g):.1f}%" for p in PRIORS_FOR_REPORT)
         return [f"| `{v.column}` | {v.channel} | {len(assignments)} | {eps:.4g} | {g:.4g} | {'; '.join(methods)} | "

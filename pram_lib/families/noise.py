@@ -17,13 +17,13 @@ from typing import ClassVar, Literal
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
-from scipy.special import ndtri
 
 from pram_lib.channels import gamma as g
 from pram_lib.channels.deconvolve import bootstrap_band
 from pram_lib.channels.gamma import PROTECTION_TOLERANCE
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
+from pram_lib.core.quantile import z_value
 from pram_lib.core.randomness import ExactSums, per_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import noise_consistency_test
@@ -342,7 +342,7 @@ def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment]
         m2 = float(np.var(z, ddof=1))
         m4 = float(np.mean((z - z.mean()) ** 4))
         var_x = m2 - var_y
-        z975 = float(ndtri(0.5 + level / 2.0))   # the interval's quantile at `level` (1.96 at 0.95)
+        z975 = z_value(level)   # the interval's quantile at `level` (1.96 at 0.95)
         se_mean = math.sqrt(m2 / n)
         se_var = math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
         summary.append({"variable": a.column, "scale": v.transform if v.transform != "none" else "identity",
@@ -628,7 +628,7 @@ class Noise(Family):
         curves, summary = estimate_distributions(sample, [a], plan.spec, level)
         row = summary.iloc[0].to_dict()
         n, mean, m2, m4 = central(stats.sums)
-        z = float(ndtri(0.5 + level / 2))
+        z = z_value(level)
         se_mean, se_var = math.sqrt(m2 / n), math.sqrt(max(m4 - m2 ** 2, 0.0) / n)
         var_x = m2 - a.channel.variance
         row.update(n=n, mean=mean, mean_se=se_mean, mean_lower=mean - z * se_mean, mean_upper=mean + z * se_mean,

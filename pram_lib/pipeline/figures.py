@@ -12,15 +12,16 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _plot_label(var: str) -> str:
+def plot_label(var: str) -> str:
+    """The name as matplotlib text, its `$` escaped."""
     return str(var).replace("$", r"\$")  # matplotlib would parse '$...$' as mathtext
 
 
-_PLOT_DPI = 100
+PLOT_DPI = 100
 
 
 @contextmanager
-def _gc_paused():
+def gc_paused():
     """The cyclic garbage collector off while plotting: matplotlib allocates many small objects, and each
     collection they trigger scans every object of the (large) pipeline process."""
     was_enabled = gc.isenabled()
@@ -32,12 +33,12 @@ def _gc_paused():
             gc.enable()
 
 
-def _new_figure(width: float, height: float, ncols: int = 1):
+def new_figure(width: float, height: float, ncols: int = 1):
     """A figure on its own Agg canvas, and its row of axes; no pyplot, so no global figure manager."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=_PLOT_DPI)
+    fig = Figure(figsize=(width, height), dpi=PLOT_DPI)
     FigureCanvasAgg(fig)
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
@@ -125,7 +126,7 @@ def _text_size(text, renderer, pad: float = 0.0) -> tuple[float, float]:
     return bb.width + pad, bb.height + pad
 
 
-def _fit_layout(fig) -> None:
+def fit_layout(fig) -> None:
     """Margins and gaps (tight_layout's padding: 1.08 font sizes) that keep the tick labels, axis labels and
     titles of a row of axes inside the canvas and apart.
 
@@ -183,9 +184,15 @@ def file_stem(name: str) -> str:
     name = str(name)
     if _SAFE_NAME.fullmatch(name) and not name.endswith("."):
         return name
-    return _hashed_stem(name)
+    return hashed_stem(name)
 
 
-def _hashed_stem(name: str) -> str:
+def hashed_stem(name: str) -> str:
+    """A slug of the name plus the first 10 hex digits of its SHA-256 (see file_stem)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:60] or "var"
     return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
+# The old private names, for pram_lib/pipeline/plan.py until it imports the public ones (issue 27: the lead
+# switches it after the merge, then deletes these aliases).
+_fit_layout, _gc_paused, _new_figure, _plot_label = fit_layout, gc_paused, new_figure, plot_label

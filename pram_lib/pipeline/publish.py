@@ -14,13 +14,14 @@ import numpy as np
 import pandas as pd
 
 from pram_lib import __version__
-from pram_lib.core.codec import EntryError, check_document
+from pram_lib.core.codec import EntryError, decode_document
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.jsonable import to_json
+from pram_lib.core.quantile import z_value
 from pram_lib.families import REGISTRY, family_of
 from pram_lib.families.base import pct
 from pram_lib.ops.audit import build_manifest
-from pram_lib.pipeline.figures import _PLOT_DPI, _fit_layout, _gc_paused, _hashed_stem, _new_figure, _plot_label
+from pram_lib.pipeline.figures import PLOT_DPI, fit_layout, gc_paused, hashed_stem, new_figure, plot_label
 from pram_lib.pipeline.figures import file_stem  # noqa: F401 - publish.file_stem is the release's naming rule
 from pram_lib.pipeline.release import Assignment, Profile, expected_tvd, public_variables, spent_by_variable
 from pram_lib.pipeline.stream import part_files
@@ -135,7 +136,7 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     curves, summary, tables = distributions
     doc = to_json(channels_document(spec, assignments))   # an infinite γ as "inf", never JSON's invalid Infinity
     try:
-        check_document(doc)   # every reader checks it so (pram_lib.core.codec): never publish what they refuse
+        decode_document(doc)   # read back by the readers' decoder (pram_lib.core.codec): never publish what they refuse
     except EntryError as e:
         raise RuntimeError(f"channels.json would not read back ({e.path}, {e.entry}: {e.problem}); a bug in "
                            "pram-release: nothing was published") from None
@@ -160,14 +161,6 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     return report, overall
 
 
-def z_of(level: float) -> float:
-    """The two-sided normal quantile of a confidence level (1.96 at 0.95)."""
-    from scipy.special import \
-        ndtri  # scipy.stats.norm.ppf, without importing scipy.stats
-
-    return float(ndtri(0.5 + level / 2.0))
-
-
 def aggregate_strata(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Per-variable totals over strata: p = Σ (n_s/n) p_s; variances add (independent strata)."""
     rows = []
@@ -184,7 +177,7 @@ def aggregate_strata(estimates: pd.DataFrame, level: float = 0.95) -> pd.DataFra
                .agg(released_count=("released_count", "sum"), estimate=("w_est", "sum"), var=("w_var", "sum"),
                     projected=("w_proj", "sum"), mle=("w_mle", "sum"))
                .reset_index())
-        z = z_of(level)
+        z = z_value(level)
         se = np.sqrt(agg["var"].to_numpy())
         rows.append(pd.DataFrame({
             "variable": var, "stratum": "all", "category": agg["category"],
@@ -207,19 +200,19 @@ def write_plots(stage: Stage, overall: pd.DataFrame, max_categories: int = 30, l
     files = []
     if overall.empty:
         return files
-    with _gc_paused():
+    with gc_paused():
         for var, g in overall.groupby("variable", sort=False):
             g = g.sort_values("estimate", ascending=False).head(max_categories)
             x = np.arange(len(g))
-            fig, (ax,) = _new_figure(max(6, 0.45 * len(g) + 2), 4)
+            fig, (ax,) = new_figure(max(6, 0.45 * len(g) + 2), 4)
             _bars(ax, x - 0.2, g["released_share"], "#bbbbbb", "released frequency (raw)")
             _bars(ax, x + 0.2, g["estimate"], "#3b6ea5", f"estimated true distribution, {pct(level)} interval")
             err = np.vstack([g["estimate"] - g["lower"], g["upper"] - g["estimate"]])
             ax.errorbar(x + 0.2, g["estimate"], yerr=err, fmt="none", ecolor="black", capsize=3)
             ax.autoscale_view()
-            ax.set_xticks(x, [_plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
+            ax.set_xticks(x, [plot_label(str(c)) for c in g["category"]], rotation=60, ha="right", fontsize=8)
             ax.set_ylabel("share of records")
-            ax.set_title(f"{_plot_label(var)}: estimated true distribution vs released frequencies")
+            ax.set_title(f"{plot_label(var)}: estimated true distribution vs released frequencies")
             ax.axhline(0, color="black", linewidth=0.5)
             ax.legend(fontsize=8)
             files.append(_save_plot(stage, fig, var))
@@ -263,14 +256,14 @@ def staged_path(stage: Stage, name: str) -> Path:
 
 
 def _save_plot(stage: Stage, fig, var: str) -> str:
-    _fit_layout(fig)
+    fit_layout(fig)
     name = f"plots/{file_stem(var)}.png"
     if staged_path(stage, name).exists():  # a plain name equal to another's hashed stem, or a case-only clash
-        name = f"plots/{_hashed_stem(var)}.png"
+        name = f"plots/{hashed_stem(var)}.png"
     path = staged_path(stage, name)
     if path.exists():
         raise ValueError(f"two variables would write the same plot file {name!r}")
-    fig.savefig(path, dpi=_PLOT_DPI, metadata={"Software": None})
+    fig.savefig(path, dpi=PLOT_DPI, metadata={"Software": None})
     return name
 
 
@@ -278,14 +271,14 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
     """Per continuous variable: Ĝ with its bootstrap bands beside the released ECDF, and ĝ with its band."""
     (stage.tmp / "plots").mkdir(exist_ok=True)
     files = []
-    with _gc_paused():
+    with gc_paused():
         for var, g in curves.groupby("variable", sort=False):
             x = g["x"].to_numpy()
             scale = g["scale"].iloc[0]
-            label = _plot_label(var) if scale == "identity" else f"{scale}({_plot_label(var)})"
+            label = plot_label(var) if scale == "identity" else f"{scale}({plot_label(var)})"
             z = released[var].to_numpy(dtype=float)
             z = np.sort(z[~np.isnan(z)])
-            fig, (a1, a2) = _new_figure(11, 4, ncols=2)
+            fig, (a1, a2) = new_figure(11, 4, ncols=2)
             a1.fill_between(x, g["cdf_band_lower"], g["cdf_band_upper"], color="#c6d7ea",
                             label=f"{pct(level)} simultaneous band")
             a1.fill_between(x, g["cdf_lower"], g["cdf_upper"], color="#8fb0d6", label=f"{pct(level)} pointwise band")
@@ -294,7 +287,7 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
             a1.set_xlim(x.min(), x.max())
             a1.set_ylim(-0.02, 1.02)
             a1.set_xlabel(label)
-            a1.set_title(f"{_plot_label(var)}: distribution function")
+            a1.set_title(f"{plot_label(var)}: distribution function")
             a1.legend(fontsize=7, loc="lower right")
             density, edges = np.histogram(z[(z >= x.min()) & (z <= x.max())], bins=60, density=True)
             _bars(a2, (edges[:-1] + edges[1:]) / 2, density, "#dddddd", "released values (histogram)",
@@ -303,7 +296,7 @@ def write_noise_plots(stage: Stage, curves: pd.DataFrame, released: pd.DataFrame
                             label=f"{pct(level)} pointwise band")
             a2.plot(x, g["density"], color="#1f4e8c", label="estimated true density")
             a2.set_xlabel(label)
-            a2.set_title(f"{_plot_label(var)}: density")
+            a2.set_title(f"{plot_label(var)}: density")
             a2.legend(fontsize=7)
             files.append(_save_plot(stage, fig, var))
     return files
@@ -411,7 +404,7 @@ def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: 
     from pram_lib.pipeline.plan import planned_largest_halfwidths
     from pram_lib.spec import SpecError
 
-    z, hw = z_of(spec.confidence), f"±{pct(spec.confidence)}"
+    z, hw = z_value(spec.confidence), f"±{pct(spec.confidence)}"
     targets = any(getattr(v, "target_details", None) is not None for v in spec.variables)
     rows = []
     for i, v in enumerate(spec.variables):
@@ -534,7 +527,7 @@ def internal_accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], 
     rows (else its shares would need another pass over the source)."""
     from pram_lib.pipeline.plan import true_share_halfwidths
 
-    z, hw, rows = z_of(spec.confidence), f"±{pct(spec.confidence)}", []
+    z, hw, rows = z_value(spec.confidence), f"±{pct(spec.confidence)}", []
     for v in spec.variables:
         alist = [a for a in assignments if a.column == v.key]
         kind = family_of(v).kind

@@ -78,7 +78,8 @@ def source_read_error(spec: ReleaseSpec, exc: BaseException, path: Path) -> Spec
                       f"{path}: {exc}", "check `source.dtypes` and the file's contents")
 
 
-def _check_columns(spec: ReleaseSpec, header: list[str]) -> None:
+def check_columns(spec: ReleaseSpec, header: list[str]) -> None:
+    """Refuse, located in the spec, a variable or passthrough column the source header lacks."""
     present = set(header)
     for i, v in enumerate(spec.variables):
         for c, loc, kind in family_of(v).released_names(v, i):

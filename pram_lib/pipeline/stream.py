@@ -35,7 +35,7 @@ from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
 from pram_lib.ops.audit import seal_file, sha256_file
 from pram_lib.pipeline import formats, sidecar
-from pram_lib.pipeline.release import UNREADABLE, _check_columns, csv_options, needed_columns, source_read_error
+from pram_lib.pipeline.release import UNREADABLE, check_columns, csv_options, needed_columns, source_read_error
 from pram_lib.spec import ReleaseSpec
 
 PART = "part-{:05d}"
@@ -98,7 +98,7 @@ def check_source(spec: ReleaseSpec) -> None:
             header = pq.ParquetFile(path).schema_arrow.names
     except (ValueError, TypeError) + UNREADABLE as exc:
         raise source_read_error(spec, exc, path) from None
-    _check_columns(spec, header)
+    check_columns(spec, header)
 
 
 def check_unchanged(spec: ReleaseSpec, digest: str) -> None:

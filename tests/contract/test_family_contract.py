@@ -101,6 +101,7 @@ def _truth(df: pd.DataFrame, column: str) -> dict[str, float]:
     return df[column].value_counts(normalize=True).to_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channel", sorted(VARIABLES))
 def test_estimates_are_unbiased_and_their_intervals_cover(folder, channel):
     """R releases of the same source with the same channels and different seeds: the mean estimate is within

@@ -20,6 +20,8 @@ from flows.cli import main
 from local_release import publish_locally
 from pram_lib.analysis import open_release
 
+pytestmark = pytest.mark.slow   # a system test: whole releases end to end (`make test-fast` leaves it out)
+
 SPEC = """\
 release: small
 source:

@@ -18,6 +18,8 @@ from pram_lib.pipeline import release, stream
 from pram_lib.ops.ledger import reserve_for
 from pram_lib.spec import SpecError, load_spec
 
+pytestmark = pytest.mark.slow   # a system test: whole releases end to end (`make test-fast` leaves it out)
+
 NOISE = {"column": "score", "channel": "gamma-noise", "protection": {"Q": 0.75, "delta": 0.9}}
 
 

@@ -12,6 +12,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow   # a system test: whole releases end to end (`make test-fast` leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # stands in for .venv/bin/pram-release: `ui` does nothing (no server here); `run SPEC` does what the release

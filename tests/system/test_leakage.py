@@ -17,6 +17,8 @@ import synth
 from pram_lib.pipeline import release, stream
 from pram_lib.spec import SpecError, load_spec, static_budget
 
+pytestmark = pytest.mark.slow   # a system test: whole releases end to end (`make test-fast` leaves it out)
+
 IDENTITY = {"column": "colour", "channel": "pram-custom", "categories": ["red", "green", "blue"],
             "matrix": np.eye(3).tolist()}
 DATA_ARTEFACTS = ("data.parquet", "data.csv", "channels.json", "estimates.csv", "distributions.csv",

@@ -26,6 +26,8 @@ from pram_lib.pipeline.plan import resolve_targets, true_share_halfwidths
 from pram_lib.spec import load_spec
 from test_plan import simulated_sd
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 Z = 1.959963984540054
 N = 3000

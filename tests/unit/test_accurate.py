@@ -127,6 +127,7 @@ def test_w_parametrisation_gradient_equals_finite_differences():
 
 
 # --------------------------------------------------------------------------- the channel
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-eps{e}" for n, e in CASES])
 def test_channel_is_ldp_stochastic_invertible_and_beats_krr_and_family8(solved, case):
     name, eps = case
@@ -148,6 +149,7 @@ def test_channel_is_ldp_stochastic_invertible_and_beats_krr_and_family8(solved, 
     assert ("not certified" in ch.method) == (not ch.certified)
 
 
+@pytest.mark.slow
 def test_lower_bound_holds_for_every_design(solved):
     for (name, eps), ch in solved.items():
         p = PRIORS[name]
@@ -162,6 +164,7 @@ def test_lower_bound_holds_for_every_design(solved):
         4 * g * (S - 1) ** 2 / (S * (g - 1) ** 2), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_beats_krr_clearly_with_a_fano_design(solved):
     """S = 8, one category at 95 %: the frequent category on its own column and the 7 rare ones on the Fano plane
     (each output's column two-level, 3 rare inputs high) has f well below k-RR; the solver must do at least as well."""
@@ -219,6 +222,7 @@ def _grid_s3(p, eps, n=6):
     return float(f.min()), len(M)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,eps", [("skew3", 1.0), ("rare3", 2.0), ("uniform3", 0.5)])
 def test_s3_equals_grid_optimum_and_is_certified(solved, name, eps):
     p = PRIORS[name]
@@ -242,6 +246,7 @@ def test_certificate_refutes_a_wrong_claim():
     assert res["lower_bound"] <= acc.krr_trace(3, eps, p)
 
 
+@pytest.mark.slow
 def test_certificate_does_not_depend_on_the_clock(monkeypatch):
     """With budgets of work, a loaded machine (here: a clock that jumps a minute at every reading) gets the same
     certified channel as a calm one; budgets of seconds would stop the branch and bound at once."""
@@ -255,6 +260,7 @@ def test_certificate_does_not_depend_on_the_clock(monkeypatch):
     assert busy.details["bnb"]["boxes"] == calm.details["bnb"]["boxes"]
 
 
+@pytest.mark.slow
 def test_large_s_is_labelled_not_certified_with_a_gap(solved):
     ch = solved[("dir8", 0.7)]
     assert not ch.certified and "not certified" in ch.method
@@ -265,6 +271,7 @@ def test_large_s_is_labelled_not_certified_with_a_gap(solved):
 
 
 # --------------------------------------------------------------------------- estimation through the channel
+@pytest.mark.slow
 def test_simulated_covariance_matches_prediction(solved):
     """2,000 releases of n = 2,000 records through the S = 8 accurate channel: the empirical trace of Cov(p̂) is the
     predicted f/n within 10 %, and p̂ is unbiased (every coordinate within 4 standard errors)."""
@@ -325,6 +332,7 @@ def test_bad_input_is_refused_clearly():
         acc.accurate_pram([0.5, 0.5], 1.0, categories=["a"])
 
 
+@pytest.mark.slow
 def test_counts_are_normalised_and_channel_round_trips(solved):
     ch = acc.accurate_pram([30, 10, 5], 1.0, variable="v", categories=["a", "b", "c"], **WORK)
     assert ch.details["normalised_counts"] is True

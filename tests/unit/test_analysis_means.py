@@ -295,6 +295,7 @@ def test_truths_are_right(world):
         assert np.exp(1 / lam) * exp1(1 / lam) == pytest.approx(got, rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIM_MEANS))
 def test_means_are_consistent_by_simulation(repeated, name):
     """The mean of REPS estimates lies within 4 Monte Carlo standard errors of the truth (13 cells: a correct
@@ -306,6 +307,7 @@ def test_means_are_consistent_by_simulation(repeated, name):
     assert np.all(np.abs(z) < 4.0), np.round(z, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIM_MEANS))
 def test_mean_intervals_cover_at_the_stated_level(repeated, name):
     """95% Wald intervals over REPS = 1000 releases, pooled over the by-cells, cover 93-97%. Tolerance: the

@@ -465,6 +465,7 @@ def linear_runs(linear_world, tmp_path_factory):
     return np.array(est), np.array(se), np.array(naive), np.array(sigma2)
 
 
+@pytest.mark.slow
 def test_gaussian_naive_fit_is_biased(linear_runs, linear_world):
     """The naive fit converges to its population limit β* (within 4 Monte Carlo se per coefficient), and β* is
     more than 10 Monte Carlo se from the truth on every coefficient: the misclassified categories' contrasts
@@ -480,6 +481,7 @@ def test_gaussian_naive_fit_is_biased(linear_runs, linear_world):
     assert np.all(np.abs(limit[1:5]) < np.abs(truth[1:5]))      # the perturbed categories' contrasts shrink
 
 
+@pytest.mark.slow
 def test_gaussian_corrected_fit_is_unbiased(linear_runs, linear_world):
     """The mean of LINEAR_REPS corrected estimates lies within 4 Monte Carlo se of the truth, per coefficient
     (7 coefficients: a correct estimator fails with probability about 7 · 6.3e-5). The estimator is a ratio
@@ -496,6 +498,7 @@ def test_gaussian_corrected_fit_is_unbiased(linear_runs, linear_world):
     assert abs(sigma2.mean() - s2) < 4 * sigma2.std(ddof=1) / np.sqrt(LINEAR_REPS)
 
 
+@pytest.mark.slow
 def test_gaussian_intervals_cover_at_the_stated_level(linear_runs, linear_world):
     """95% Wald intervals, pooled over 7 coefficients × 400 releases = 2800 intervals, cover 93-97%. Binomial
     tolerance: were the 2800 independent, the pooled coverage's sd would be sqrt(0.95 · 0.05 / 2800) = 0.41
@@ -812,6 +815,7 @@ def logistic_runs(logistic_world, tmp_path_factory):
     return np.array(est), np.array(se), np.array(naive), np.array(ok)
 
 
+@pytest.mark.slow
 def test_binomial_naive_fit_is_attenuated(logistic_runs, logistic_world):
     """The naive logistic fit converges to its population limit (within 4 Monte Carlo se), whose slopes are
     pulled toward 0 by the misclassification of the response and the covariates; every slope's naive mean is
@@ -825,6 +829,7 @@ def test_binomial_naive_fit_is_attenuated(logistic_runs, logistic_world):
     assert np.all(np.abs(naive.mean(axis=0)[1:] - truth[1:]) > 10 * mc[1:])
 
 
+@pytest.mark.slow
 def test_binomial_corrected_fit_is_unbiased_and_converges(logistic_runs, logistic_world):
     """Every fit converged, and the mean of the estimates lies within 4 Monte Carlo se of the truth per
     coefficient. Maximum likelihood is biased by O(1/n) (away from 0); at n = 5000 with these channels that
@@ -836,6 +841,7 @@ def test_binomial_corrected_fit_is_unbiased_and_converges(logistic_runs, logisti
     assert np.all(np.abs(z) < 4.0), np.round(z, 2)
 
 
+@pytest.mark.slow
 def test_binomial_intervals_cover_at_the_stated_level(logistic_runs, logistic_world):
     """95% Wald intervals pooled over 5 coefficients × 500 releases = 2500 intervals cover 93-97% (sd 0.44
     points if independent: ±4.6 sd; correlation within a release widens it, up to 0.97 points, ±2 sd);

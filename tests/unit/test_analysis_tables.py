@@ -23,7 +23,7 @@ import pytest
 from analysis_helpers import (INC, OCC, RELEASED_DIMS, TRUE_DIMS, World, brute_force_table, inverse_map,
                               keep_uniform_matrix, krr_matrix, released_counts, subtuple_matrix, world_channel)
 from pram_lib.analysis import ReleaseError, open_release
-from pram_lib.analysis.axes import Dense, Identity, UniformRR, kron_inverse
+from pram_lib.analysis.axes import Identity, dense_axis, krr_axis, kron_inverse
 from pram_lib.analysis.tables import Deconvolver
 
 Z95 = 1.959963984540054
@@ -385,9 +385,9 @@ def _axis_case(kind: str, rng):
     if kind == "identity":
         return Identity(3), np.eye(3)
     if kind == "uniform-rr":
-        return UniformRR(4, 0.55), krr_matrix(4, 0.55)
+        return krr_axis(4, 0.55), krr_matrix(4, 0.55)
     m = _random_channel(3, 3 if kind == "dense-square" else 5, rng)
-    return Dense(m, "v"), m
+    return dense_axis(m, "v"), m
 
 
 @pytest.mark.parametrize("kind", AXIS_KINDS)
@@ -614,6 +614,7 @@ def repeated(world, tmp_path_factory):
     return {name: (truths[name], np.array(e), np.array(s)) for name, (e, s) in out.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIM_TABLES))
 def test_tables_are_unbiased_by_simulation(repeated, name):
     """The mean of REPS estimates is within 4 Monte Carlo standard errors of the truth in every cell (42 cells
@@ -626,6 +627,7 @@ def test_tables_are_unbiased_by_simulation(repeated, name):
     assert np.abs(z).max() < 4.0, np.round(z, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIM_TABLES))
 def test_table_intervals_cover_at_the_stated_level(repeated, name):
     """95% Wald intervals over REPS = 1000 releases, pooled over the table's cells, cover 93-97%.

@@ -44,6 +44,7 @@ print(json.dumps({"before": before, "after": after, "cpu_over_wall": min(ratios)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_one_blas_thread_sets_every_loaded_openblas_to_one_thread():
     out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=120)

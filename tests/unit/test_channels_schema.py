@@ -27,6 +27,8 @@ from pram_lib.channels.rr import custom_channel
 from pram_lib.ops.verify import verify_release
 from pram_lib.pipeline import publish
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "pram_lib" / "schemas" / "channels.schema.json"
 ROWS = 3_000

@@ -20,6 +20,8 @@ import pytest
 
 from benchmarks.census import write_census, write_spec
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, CHUNK = 60_000, 10_000
 

@@ -12,13 +12,13 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def _pytest(folder: Path, ci: bool) -> subprocess.CompletedProcess:
+def _pytest(folder: Path, ci: bool, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CI"} | {"PYTHONPATH": str(TESTS),
                                                                  "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "ci_strict",
-                           "--rootdir", str(folder), str(folder)], env=env, capture_output=True, text=True,
+                           "--rootdir", str(folder), *args, str(folder)], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -44,6 +44,16 @@ def test_a_missing_module_skips_outside_ci_and_fails_under_ci(suite):
     assert strict.returncode == 1 and "1 failed, 1 error" in strict.stdout, strict.stdout
 
 
+def test_under_ci_a_slow_test_left_out_by_test_fast_is_neither_skipped_nor_failed(tmp_path):
+    """`make test-fast` runs -m "not slow": the slow test is deselected, which CI strictness must not count."""
+    (tmp_path / "test_speeds.py").write_text("import pytest\n\n\n@pytest.mark.slow\ndef test_slow():\n    pass\n\n\n"
+                                             "def test_fast():\n    pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\naddopts = --strict-markers\n")
+    fast = _pytest(tmp_path, True, "-m", "not slow")
+    assert fast.returncode == 0 and "1 passed, 1 deselected" in fast.stdout, fast.stdout
+    assert "skipped" not in fast.stdout and "failed" not in fast.stdout
+
+
 def test_ci_refuses_to_start_without_the_test_only_packages(suite):
     """cdd made unimportable (sys.modules entry None) by the throw-away suite's conftest: CI stops at once."""
     (suite / "conftest.py").write_text("import sys\n\nsys.modules['cdd'] = None\n")
@@ -52,6 +62,7 @@ def test_ci_refuses_to_start_without_the_test_only_packages(suite):
     assert "cdd (pip package pycddlib-standalone) cannot be imported" in strict.stdout + strict.stderr
 
 
+@pytest.mark.slow
 def test_ci_run_fails_with_pytest_exit_5_when_no_test_ran():
     """.ci/run calls `make test`, which exits 2 for any failing recipe; pytest's own code comes back through
     PYTEST_RC_FILE, so 'no tests ran' (exit 5) is named and is the run's exit code."""

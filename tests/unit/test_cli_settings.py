@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SHOW_SETTINGS = """
@@ -33,6 +35,7 @@ def _settings_from(cwd: Path, extra: dict | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_prefect_settings_hold_outside_the_checkout(tmp_path):
     toml = tomllib.loads((ROOT / "prefect.toml").read_text())
     got = _settings_from(tmp_path)
@@ -43,6 +46,7 @@ def test_prefect_settings_hold_outside_the_checkout(tmp_path):
     assert got["level"] == toml["logging"]["level"] == "INFO"
 
 
+@pytest.mark.slow
 def test_telemetry_stays_off_whatever_the_environment_says(tmp_path):
     got = _settings_from(tmp_path, {"PREFECT_SERVER_ANALYTICS_ENABLED": "true", "PREFECT_LOGGING_LEVEL": "DEBUG"})
     assert got["analytics"] is False and got["sdk_telemetry"] is False

@@ -303,3 +303,50 @@ def test_no_field_of_any_entry_can_make_the_reader_fail_with_anything_but_a_loca
             failures.append(f"{label}: {type(e).__name__}: {str(e)[:80]}")
     assert seen > 400
     assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------------------------------------
+# the one decoder and encoder (pram_lib.core.codec.decode_entry / encode_*)
+# ------------------------------------------------------------------------------------------------
+def test_every_family_reads_back_to_what_was_written():
+    """decode_entry reads what each channel's to_dict wrote (through the codec's encoders); rebuilding the
+    channel from the read entry writes the same entry again, byte for byte."""
+    from pram_lib.channels.gamma import NoiseChannel
+    from pram_lib.channels.multi_rr import GroupChannel
+    from pram_lib.core.channel import Channel
+    from pram_lib.core.codec import CategoricalEntry, GroupEntry, NoiseEntry, decode_entry
+
+    b, a, g, y = _custom(), _keep(), _group(), _noise()
+    cb, ca, cg, cy = decode_entry(b), decode_entry(a), decode_entry(g), decode_entry(y)
+    assert isinstance(cb, CategoricalEntry) and cb.keep is None and cb.matrix.tolist() == [[.8, .2], [.2, .8]]
+    assert isinstance(ca, CategoricalEntry) and ca.keep.tolist() == pytest.approx([4 / 6] * 3)
+    assert isinstance(cg, GroupEntry) and [c.cells for c in cg.clusters] == [4, 3]
+    assert cg.epsilon == pytest.approx(3.0) and cg.variable == "u+v+w"
+    assert isinstance(cy, NoiseEntry) and (cy.theta, cy.eta) == (1.0, 2.0) and cy.noise_variance == 8.0  # θ(θ+1)η²
+    for entry, cls in ((b, Channel), (a, Channel), (g, GroupChannel), (y, NoiseChannel)):
+        again = json.loads(json.dumps(cls.from_dict(entry).to_dict()))
+        assert json.dumps(again, sort_keys=False) == json.dumps(entry, sort_keys=False)
+
+
+def test_a_channel_class_refuses_another_family_s_entry_by_name():
+    """Before the one decoder, Channel.from_dict of a group entry passed the check and died with KeyError."""
+    from pram_lib.channels.multi_rr import GroupChannel
+    from pram_lib.core.channel import Channel
+
+    with pytest.raises(EntryError, match=r"entry\.family: is 'multi-rr', not a categorical channel"):
+        Channel.from_dict(_group())
+    with pytest.raises(EntryError, match=r"entry\.family: is 'keep-uniform', not a multi-attribute group"):
+        GroupChannel.from_dict(_keep())
+
+
+def test_the_analyst_s_columns_are_the_decoded_entries():
+    from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn
+    from pram_lib.core.operators import KaryRR
+
+    cols = read_channels({"channels": [_stratum("F"), _stratum("M", 0.5), _custom(), _group(), _noise()]}, "x")
+    a = cols["a"]
+    assert isinstance(a, CategoricalColumn) and set(a.entries) == {("F",), ("M",)}
+    assert a.epsilon == pytest.approx(math.log(4.0))   # the larger stratum ε: keep 4/6 gives γ = 4, keep 1/2 γ = 2
+    assert isinstance(a.axis(("M",)), KaryRR) and a.axis(("M",)).keep == 0.5
+    assert isinstance(cols["w"], GroupColumn) and cols["w"].cluster_cells == 3
+    assert isinstance(cols["y"], NoiseColumn) and cols["y"].noise_variance == 8.0

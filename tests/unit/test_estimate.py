@@ -116,6 +116,7 @@ def mc_mixed():
     return (keep_matrix(q), p) + run_mc(keep_channel(q), keep_matrix(q), p, 77)
 
 
+@pytest.mark.slow
 def test_T17b_unbiased_and_sd(mc_krr):
     """T17(b): mean within 4σ/√R of p; empirical sd within 10% of the theoretical sd."""
     M, p, _, ests = mc_krr
@@ -128,6 +129,7 @@ def test_T17b_unbiased_and_sd(mc_krr):
     assert np.all(np.abs(se.mean(axis=0) / sd - 1) < 0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["mc_krr", "mc_mixed"])
 def test_interval_coverage(fixture, request):
     """95% Wald intervals cover in [93%, 97%] of 2,000 reps per category. Binomial sd of the coverage at
@@ -140,6 +142,7 @@ def test_interval_coverage(fixture, request):
     assert np.all(np.abs(hi - lo - 2 * 1.959963984540054 * np.array([e.se for e in ests])) < 1e-12)
 
 
+@pytest.mark.slow
 def test_mixed_unbiased(mc_mixed):
     M, p, _, ests = mc_mixed
     inv = np.array([e.inversion for e in ests])
@@ -148,6 +151,7 @@ def test_mixed_unbiased(mc_mixed):
     assert np.all(np.abs(inv.std(axis=0, ddof=1) / sd - 1) < 0.10)
 
 
+@pytest.mark.slow
 def test_T17c_mle_in_simplex_and_equal_inversion_inside(mc_krr):
     M, p, counts, ests = mc_krr
     n_outside = 0
@@ -322,7 +326,7 @@ def test_em_matches_direct_likelihood_maximisation(case):
 def test_structured_newton_direction_solves_the_newton_system():
     """The O(S) Newton step for family (8) solves [[H_AA, 1], [1^T, 0]] [Δ; ν] = [g_A; 0] (dense H), also with
     unobserved outputs (w_z = 0) and a uniform row (d_k = 0), where H has zero diagonal entries."""
-    from pram_lib.core.estimate import _grad, _KeepUniform
+    from pram_lib.core.operators import KeepUniformOperators, gradient
 
     rng = np.random.default_rng(31)
     for trial in range(30):
@@ -337,9 +341,9 @@ def test_structured_newton_direction_solves_the_newton_system():
         p[1] += 0.1
         p /= p.sum()
         mhat = counts / counts.sum()
-        ku = _KeepUniform(q)
+        ku = KeepUniformOperators(q)
         idx = np.nonzero(p > 0)[0]
-        g = _grad(ku, mhat, p)
+        g = gradient(ku, mhat, p)
         assert np.allclose(g, M @ np.where(mhat > 0, mhat / (M.T @ p), 0.0), rtol=1e-12, atol=1e-12)
         delta = ku.newton_direction(mhat, p, idx, g)
         H = (M[idx] * np.where(mhat > 0, mhat / (M.T @ p) ** 2, 0.0)) @ M[idx].T
@@ -452,6 +456,7 @@ def test_large_S_never_builds_S_by_S():
 
 
 # ------------------------------------------------------------------------------------------------ non-square dense
+@pytest.mark.slow
 def test_nonsquare_least_squares_and_unbiased_end_to_end():
     """chai_nayak §7 extension: m > k, L = (P'P)^{-1}P' with P = M^T; unbiased, Cov = L Σ L'/n.
     End to end through the alias sampler: 600 reps of n = 10^4 records; mean within 4 sd/√R."""
@@ -524,6 +529,7 @@ def test_to_frame_and_channel_method():
         est.inversion[0] = 0.0
 
 
+@pytest.mark.slow
 def test_interval_coverage_at_another_level(mc_krr):
     """The spec's `confidence:` reaches the intervals: at 0.80 they cover in [77%, 83%] of 2,000 reps per
     category (binomial sd sqrt(.8·.2/2000) = 0.0089, so ±3.4 sd), and their half-width is z_0.9·se."""

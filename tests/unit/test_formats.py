@@ -34,6 +34,7 @@ def releases(tmp_path_factory) -> dict:
     return {"source": source, "memory": one.folder, "stream": parts.folder, "parquet": parquet.folder}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["memory", "stream", "parquet"])
 def test_stata_and_spss_files_read_back_to_the_parquet_table(releases, engine):
     folder = releases[engine]
@@ -46,6 +47,7 @@ def test_stata_and_spss_files_read_back_to_the_parquet_table(releases, engine):
     assert region.isna().any() and set(region.dropna()) == {"north", "south", "east", "west"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["memory", "stream", "parquet"])
 def test_every_data_file_is_in_the_manifest_and_verifies(releases, engine):
     folder = releases[engine]

@@ -282,6 +282,7 @@ _FIELDS = ("cdf", "cdf_lower", "cdf_upper", "cdf_sim_lower", "cdf_sim_upper",
            "density", "density_lower", "density_upper")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["normal", "small", "heavy", "atom"])
 def test_bootstrap_band_equals_the_previous_formulation(case):
     z, theta, eta = _released(case)
@@ -299,6 +300,7 @@ def test_bootstrap_band_equals_the_previous_formulation(case):
         np.testing.assert_allclose(getattr(new, f), getattr(ref, f), rtol=0, atol=tol, err_msg=f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["normal", "small", "atom"])
 def test_deconvolve_equals_the_previous_formulation(case):
     z, theta, eta = _released(case)

@@ -75,6 +75,7 @@ def test_planted_cluster_is_found_from_randomized_data(case):
     assert ch.epsilon_dependence == pytest.approx(3.0)
 
 
+@pytest.mark.slow
 def test_released_table_and_weights(case):
     spec, df, prof, assignments, rel, plan, totals = case
     assert list(rel.columns) == ["a", "b", "c", "trio_weight", "d"]

@@ -426,6 +426,7 @@ def test_closed_form_path_matches_estimate_py():
         np.testing.assert_allclose(cf["mle"], ref.mle, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_estimates_unbiased_with_calibrated_intervals():
     """Monte Carlo, i.i.d. model (records drawn from a population, then randomized): the plug-in se is the
     i.i.d.-model se (reference §1.1), so the truth is the population distribution. Within-cluster and

@@ -15,6 +15,8 @@ from pram_lib.pipeline import publish, release, stream
 from pram_lib.channels import gamma as g
 from pram_lib.spec import SpecError, load_spec, static_budget
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 SPEC = """\
 release: noisy
 source:

@@ -131,6 +131,7 @@ def categorical_plan(tmp_path_factory):
     return plan_release(load_spec(categorical_spec(tmp)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable, build, prior, seed", [
     ("a", lambda: optimal_pram(P_A, 1.0), P_A, 1),
     ("b", lambda: uniform_rr(4, gamma=3.0), [0.25] * 4, 2),
@@ -146,6 +147,7 @@ def test_planned_se_is_the_sd_of_simulated_releases(categorical_plan, variable, 
     assert np.all(np.abs(sd / se - 1) < 0.10), (sd, se)
 
 
+@pytest.mark.slow
 def test_group_attribute_and_tables_match_simulated_releases(tmp_path):
     plan = plan_release(load_spec(group_spec(tmp_path)))
     channel = mr.rr_clusters(None, GROUP_CATS, 3.0, T_v=1000, T_d=0.1, public_dependence=[["g1", "g2"], ["g3"]])
@@ -220,6 +222,7 @@ def test_group_plan_is_the_marginal_of_the_full_dense_channel(tmp_path):
 
 
 # -- the demo spec -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_plan_of_the_demo_spec(tmp_path, capsys):
     out = tmp_path / "plan"
     assert main(["plan", str(ROOT / "specs" / "adult.yaml"), "--rows", "32561", "--out", str(out)]) == 0
@@ -276,6 +279,7 @@ def test_plan_refuses_the_output_folder_and_a_used_folder(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plan_imports_no_prefect(tmp_path):
     spec = categorical_spec(tmp_path)
     code = ("import sys; from flows.cli import main; rc = main(['plan', sys.argv[1], '--out', sys.argv[2]]); "

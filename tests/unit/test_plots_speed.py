@@ -20,6 +20,8 @@ import pytest
 
 from pram_lib.pipeline import publish
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 LONG = "a_variable_name_long_enough_that_its_title_cannot_fit"
 BAR_CATEGORIES = {
     "income": ["<=50K", ">50K"],

@@ -242,6 +242,7 @@ def test_T06_linear_time_f_and_marginal():
     assert abs(P.mutual_information(np.array([0.3, 0.7]), [1.0, 0.0])) <= 1e-15
 
 
+@pytest.mark.slow
 def test_T07_constraint_matrix_shapes_and_equivalence():
     for S, shape in ((2, (4, 2)), (3, (18, 3)), (5, (60, 5))):
         C, b = P.dp_constraints(S, 0.8)
@@ -315,6 +316,7 @@ CDD_CASES = [(3, 0.3), (3, 2.0), (4, 0.5), (4, 1.5), (5, 0.7), (5, 2.5), (6, 1.0
              (7, 0.4), (7, 2.2), (8, 1.2), (8, 3.0), (9, 1.5), (10, 2.0), (10, 2.5)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("S,a", CDD_CASES)
 def test_families_equal_cdd_and_prop32(S, a):
     V = cdd_vertices(S, a)
@@ -354,6 +356,7 @@ def test_float_cdd_is_unreliable_at_large_alpha():
 # ------------------------------------------------------------------------------------------------
 # the solver against brute force over ALL vertices (cdd), S <= 10, inside and outside Prop. 3.2
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("S,a", CDD_CASES + [(2, 0.3), (2, 3.0)])
 def test_solver_matches_cdd_bruteforce(S, a):
     V = cdd_vertices(S, a)
@@ -519,6 +522,7 @@ def test_search_path_matches_prop32_exhaustive_S11_to_16():
             assert ch.objective <= fe * (1 + 1e-12) + 1e-15
 
 
+@pytest.mark.slow
 def test_search_outside_regime_matches_family_enumeration():
     rng = np.random.default_rng(17)
     for S, a in ((11, 3.5), (12, 6.0), (13, 2.7), (13, 4.0)):

@@ -113,6 +113,7 @@ def valid_specs(draw):
     return spec, eps
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(case=valid_specs())
 def test_valid_specs_load_with_their_budget(tmp_path, case):

@@ -12,6 +12,8 @@ import pytest
 
 from pram_lib.pipeline import sidecar
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 
 @pytest.fixture
 def side():

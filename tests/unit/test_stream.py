@@ -95,6 +95,7 @@ def test_chunked_profile_equals_one_chunk_profile(tmp_path, census):
     np.testing.assert_array_equal(np.sort(chunked.numeric["hours"].values), np.sort(full.numeric["hours"].values))
 
 
+@pytest.mark.slow
 def test_one_chunk_release_equals_the_chunked_fold(tmp_path, census, done):
     """Randomness is addressed by row: `release_in_memory` (the whole source as one chunk) and a fold of
     three chunks publish the same table, counts and estimates for the same spec and seed, bit for bit."""
@@ -137,6 +138,7 @@ def test_numeric_sketch_is_a_uniform_sample_of_the_right_size(tmp_path, census):
     assert abs(sample.mean() - hours.mean()) <= 4 * se + 1e-9
 
 
+@pytest.mark.slow
 def test_result_does_not_depend_on_chunk_order(tmp_path, done):
     forward = done["totals"]
     _, _, backward = _passes(done["spec"], order=[2, 0, 1], out_dir=tmp_path / "b")
@@ -251,6 +253,7 @@ def test_csv_and_parquet_sources_give_the_same_release(tmp_path, census, done):
     pd.testing.assert_frame_equal(x.drop(columns="hours"), y.drop(columns="hours"))
 
 
+@pytest.mark.slow
 def test_group_counts_give_the_in_memory_estimates(tmp_path, census):
     """A group released in chunks: marginal and 2-way estimates from summed counts equal those computed
     from the released records."""

@@ -31,6 +31,8 @@ from pram_lib.pipeline import release, stream
 from pram_lib.pipeline.plan import SCAN_GRID, plan_release, resolve_targets, smallest_epsilon
 from pram_lib.spec import SpecError, ledger_bound, load_spec
 
+pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+
 N = 2000                           # `rows:` of the spec: the n every target is met for
 Z = 1.959963984540054              # z of a 95% interval
 P_B = [0.5, 0.3, 0.15, 0.05]       # b's public prior file (optimal PRAM's half-widths are not monotone in ε here)

@@ -159,6 +159,7 @@ def krr_worst_epsilon(h: float, k: int, n: int = N) -> float:
     return math.log((1 + (k - 1) * d) / (1 - d))
 
 
+@pytest.mark.slow
 def test_rr_uniform_worst_target_is_the_smallest_epsilon(worst):
     eps = variable(worst, "a").epsilon
     exact = krr_worst_epsilon(0.05, 4)
@@ -168,6 +169,7 @@ def test_rr_uniform_worst_target_is_the_smallest_epsilon(worst):
         assert (hw.max() <= 0.05) == meets, (e, hw)
 
 
+@pytest.mark.slow
 def test_pram_optimal_worst_target_is_the_smallest_epsilon(worst):
     """The channel is the one the prior file builds at ε; the worst case is over the truth through it."""
     v = variable(worst, "b")
@@ -182,6 +184,7 @@ def test_pram_optimal_worst_target_is_the_smallest_epsilon(worst):
     assert d["predicted_largest_halfwidth"] < d["worst_case_largest_halfwidth"]
 
 
+@pytest.mark.slow
 def test_group_worst_target_is_the_smallest_epsilon(worst):
     """rr-independent splits ε equally: each attribute is K-ary RR at ε/2; the binding attribute sets ε."""
     eps = variable(worst, "grp").epsilon
@@ -189,6 +192,7 @@ def test_group_worst_target_is_the_smallest_epsilon(worst):
     assert exact <= eps <= exact * (1 + 2e-4)
 
 
+@pytest.mark.slow
 def test_target_line_and_details(worst):
     for key in ("a", "b", "grp"):
         v = variable(worst, key)
@@ -205,6 +209,7 @@ def test_target_line_and_details(worst):
 
 
 # -- simulated releases at a skewed truth ----------------------------------------------------------------
+@pytest.mark.slow
 def test_simulated_releases_at_a_skewed_truth_meet_the_worst_case_target(worst, tmp_path):
     """At 0.85/0.05/0.05/0.05 the prior-planned ε misses ±0.05 (k-RR: z·sqrt(m(1 − m)/n)/d at m = d·0.85 + move is
     about 0.058); the worst-case ε meets it for every share, of both channels."""
@@ -220,6 +225,7 @@ def test_simulated_releases_at_a_skewed_truth_meet_the_worst_case_target(worst, 
     assert hw[0] > 1.1 * 0.05, hw                                    # today's behaviour: missed
 
 
+@pytest.mark.slow
 def test_simulated_group_releases_at_a_skewed_truth(worst):
     eps = variable(worst, "grp").epsilon
     channel = mr.rr_independent(GROUP, eps)
@@ -243,6 +249,7 @@ def test_a_relative_worst_target_needs_a_share_threshold(tmp_path):
     assert info.value.field == "variables[0].target.relative" and "share_at_least" in info.value.fix
 
 
+@pytest.mark.slow
 def test_a_relative_worst_target_is_met_at_its_threshold(tmp_path):
     """±30 % of any true share ≥ 0.2 for k-RR: the worst is at p_x = s or p_x = 1 (f(t)/t² is convex in 1/t);
     brute force on the edges agrees at the ε found and misses 0.1 % below it."""

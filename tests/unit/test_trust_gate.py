@@ -238,6 +238,7 @@ def _refusal_counts(gates: list[dict]) -> tuple[int, int]:
     return holm_refused, raw_refused
 
 
+@pytest.mark.slow
 def test_family_wise_refusals_of_correct_releases_in_memory(banded, no_gx):
     spec = load_spec(write(banded, HOLM))
     df, prof = prepare(spec)
@@ -258,6 +259,7 @@ def test_family_wise_refusals_of_correct_releases_in_memory(banded, no_gx):
     assert raw_refused >= 100
 
 
+@pytest.mark.slow
 def test_family_wise_refusals_of_correct_releases_chunked(banded, no_gx, tmp_path):
     text = HOLM + "engine: {mode: stream, chunk_rows: 1000}\n"
     spec = load_spec(write(tmp_path, text.replace("path: src.csv", f"path: {banded / 'src.csv'}")))
