@@ -23,7 +23,7 @@ What this module does (all maths in the reference §2, §4, §5, §10; the parts
   vertices* of this highly degenerate polytope at large α (e.g. S=3, α=5: 10 of 17, k-RR among
   them), which is why the solver never relies on cdd.
 * ``optimal_pram`` returns the maximiser over the *identifiable* vertices as a ``Channel``: a vertex whose
-  matrix is singular or has condition number > 1e12 (the estimator's bound, ``core.estimate.keep_condition``)
+  matrix is singular or has condition number > 1e12 (the estimator's bound, ``core.operators.keep_condition``)
   is never returned, since its release could not be inverted.  When the global MI optimum is such a vertex
   the method says so and ``details['singular_optimum']`` holds it; the channel is then optimal among the
   invertible vertices only (channels near the singular vertex are invertible but arbitrarily ill-conditioned).
@@ -66,7 +66,7 @@ import numpy as np
 from scipy.special import xlogy
 
 from pram_lib.core.channel import keep_uniform_column_extremes
-from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
+from pram_lib.core.operators import DEFAULT_MAX_CONDITION, keep_condition
 
 __all__ = [
     "VValues",

@@ -49,11 +49,10 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.core.operators import (DEFAULT_MAX_CONDITION, KeepUniformOperators, NonIdentifiableError,  # noqa: F401
-                                     gradient, keep_condition, operators_of)
+                                     gradient, operators_of)
 from pram_lib.core.quantile import z_value
 
 DENSE_COV_MAX_S = 2000  # family (8): above this S no S×S covariance is built
-_ops = operators_of   # the old private name, for pram_lib/pipeline/plan.py until it calls operators_of (issue 27)
 
 
 @dataclass(frozen=True, eq=False)
@@ -448,37 +447,3 @@ def estimate_distribution(channel, counts, *, level: float = 0.95, em_tol: float
         newton_iterations=int(newton_iters),
         em_converged=bool(conv), mle_method=how, condition_number=cond, variable=name,
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# planning: the estimator's variance before any data (pram_lib.pipeline.plan, the entries' planning_variance)
-# ------------------------------------------------------------------------------------------------
-def usable_operators(channel):
-    """The estimator's operators for `channel`, or None when the estimator would refuse it as singular."""
-    try:
-        ops = _ops(channel)
-    except NonIdentifiableError:
-        return None
-    cond = ops.condition()
-    return ops if np.isfinite(cond) and cond <= DEFAULT_MAX_CONDITION else None
-
-
-def share_variance(channel, p, n: float) -> np.ndarray | None:
-    """Var of each share's unbiased estimate for n records drawn from p: diag(G diag(m) G^T − p p^T) / n with
-    m = M^T p (the estimator's own operators, O(S) for a keep-uniform channel); None when the estimator would
-    refuse the channel as singular."""
-    ops = usable_operators(channel)
-    if ops is None:
-        return None
-    p = np.asarray(p, dtype=float)
-    return np.maximum(ops.var_diag(ops.mt(p), p), 0.0) / n
-
-
-def variance_coefficients(channel) -> np.ndarray | None:
-    """C with n Var(p̂_x) = (C p)_x − p_x² for every true distribution p: C[x, z] = Σ_y G_xy² M_zy (column z is
-    (G∘G) M^T e_z); None when the estimator would refuse the channel as singular."""
-    ops = usable_operators(channel)
-    if ops is None:
-        return None
-    zero = np.zeros(channel.n_inputs)
-    return np.column_stack([ops.var_diag(ops.mt(e), zero) for e in np.eye(channel.n_inputs)])

@@ -503,6 +503,19 @@ def operators_of(channel) -> ChannelOperators:
     return DenseOperators(channel.dense)
 
 
+def share_variance(channel, p, n: float) -> np.ndarray | None:
+    """Var of each share's unbiased estimate for n records drawn from p (the planner's figure); None when the
+    estimator would refuse the channel as singular."""
+    ops = usable_operators(channel)
+    return None if ops is None else ops.share_variance(p, n)
+
+
+def variance_coefficients(channel) -> np.ndarray | None:
+    """C with n Var(p̂_x) = (C p)_x − p_x² for every true p; None when the estimator would refuse the channel."""
+    ops = usable_operators(channel)
+    return None if ops is None else ops.variance_coefficients()
+
+
 def usable_operators(channel, max_condition: float = DEFAULT_MAX_CONDITION) -> ChannelOperators | None:
     """:func:`operators_of`, or None where the estimator would refuse the channel as singular (the planner's
     question: is there an estimate whose variance to plan?)."""

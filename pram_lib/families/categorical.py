@@ -23,7 +23,8 @@ from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import Channel, encode
 from pram_lib.core.counting import codes_of, combination_counts
 from pram_lib.core.epsilon import gamma_of
-from pram_lib.core.estimate import is_identifiable, share_variance
+from pram_lib.core.estimate import is_identifiable
+from pram_lib.core.operators import share_variance
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict

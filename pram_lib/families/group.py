@@ -20,7 +20,7 @@ from pydantic import model_validator
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import encode
-from pram_lib.core.estimate import DEFAULT_MAX_CONDITION, keep_condition
+from pram_lib.core.operators import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
 from pram_lib.core.randomness import at_row

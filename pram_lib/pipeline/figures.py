@@ -191,8 +191,3 @@ def hashed_stem(name: str) -> str:
     """A slug of the name plus the first 10 hex digits of its SHA-256 (see file_stem)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:60] or "var"
     return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
-
-
-# The old private names, for pram_lib/pipeline/plan.py until it imports the public ones (issue 27: the lead
-# switches it after the merge, then deletes these aliases).
-_fit_layout, _gc_paused, _new_figure, _plot_label = fit_layout, gc_paused, new_figure, plot_label

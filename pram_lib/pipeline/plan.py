@@ -32,9 +32,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.special import ndtri
 
-from pram_lib.core.estimate import NonIdentifiableError, share_variance, variance_coefficients  # noqa: F401
+from pram_lib.core.epsilon import gamma_of
+from pram_lib.core.operators import (NonIdentifiableError, split_coefficients, variance_coefficients, worst_relative_variance,
+                                     worst_variance)
+from pram_lib.core.quantile import z_value
 from pram_lib.core.model import MISSING
 from pram_lib.families import entry_of, family_of
 from pram_lib.families.base import Target
@@ -45,37 +47,6 @@ from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
 GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
 ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of records: public information, read "
             "by `pram-release plan` and to resolve a `target:`), or give `--rows N`")
-
-
-# -- closed forms ---------------------------------------------------------------------------------------
-
-
-def _split(C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(a_x = C[x, x], A_x = max_{z ≠ x} C[x, z]) per share x."""
-    a = np.diag(C).copy()
-    off = np.where(np.eye(len(a), dtype=bool), -np.inf, C)
-    return a, off.max(axis=1)
-
-
-def worst_variance(a, A, s: float) -> np.ndarray:
-    """n × the largest Var(p̂_x) over every truth p with p_x ≥ s. With p_x = t, n Var = a t + Σ_{z≠x} C[x, z] p_z
-    − t² is largest with the other 1 − t on the z of largest C[x, z] (A): f(t) = A(1 − t) + a t − t², a concave
-    parabola, largest at t = clip((a − A)/2, s, 1)."""
-    a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
-    t = np.clip((a - A) / 2.0, s, 1.0)
-    return np.maximum(A * (1.0 - t) + a * t - t * t, 0.0)
-
-
-def worst_relative_variance(a, A, s: float) -> np.ndarray:
-    """n × the largest Var(p̂_x)/p_x² over every truth with p_x ≥ s > 0: f(t)/t² = A u² + (a − A) u − 1 with
-    u = 1/t in [1, 1/s] is convex in u (A ≥ 0), so it is largest at t = s or t = 1."""
-    a, A = np.asarray(a, dtype=float), np.asarray(A, dtype=float)
-    at_s = (A * (1.0 - s) + a * s - s * s) / (s * s)
-    return np.maximum(np.maximum(at_s, a - 1.0), 0.0)
-
-
-def z_value(confidence: float) -> float:
-    return float(ndtri(0.5 + confidence / 2.0))
 
 
 # -- what a plan holds ------------------------------------------------------------------------------------
@@ -297,7 +268,7 @@ def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: flo
 
     def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray] | None:
         C = variance_coefficients(build(eps))
-        return None if C is None else _split(C)
+        return None if C is None else split_coefficients(C)
 
     planning = f"the public prior file {v.prior.file}" if isinstance(v.prior, PriorFile) else "uniform"
     return TargetCurve([str(c) for c in cats], shares, halfwidths, planning, coefficients)
@@ -772,8 +743,7 @@ def render(plan: AccuracyPlan) -> str:
             L.append(f"{vp.key}: {vp.channel}: not planned: {vp.not_planned}")
             continue
         spent = f" (ε spent {_fmt_eps(vp.spec_epsilon + vp.extra_epsilon)})" if vp.extra_epsilon else ""
-        gamma = f", γ = {math.exp(vp.spec_epsilon):.4g}" if math.isfinite(vp.spec_epsilon) and vp.spec_epsilon < 700 \
-            else ""
+        gamma = f", γ = {gamma_of(vp.spec_epsilon):.4g}" if math.isfinite(gamma_of(vp.spec_epsilon)) else ""
         L.append(f"{vp.key}: {vp.channel} at ε = {_fmt_eps(vp.spec_epsilon)}{gamma}{spent}; n = {vp.rows:,} "
                  f"({vp.rows_from})")
         L += [f"  {note}" for note in vp.notes]
@@ -812,19 +782,19 @@ def render(plan: AccuracyPlan) -> str:
 
 def _curve(vp: VariablePlan, confidence: float, path: Path) -> None:
     """Largest and median half-width against ε (log-log), the spec's ε marked; a group: shares and tables apart."""
-    from pram_lib.pipeline.figures import _fit_layout, _gc_paused, _new_figure, _plot_label
+    from pram_lib.pipeline.figures import fit_layout, gc_paused, new_figure, plot_label
 
     z = z_value(confidence)
     panels = [("shares", [e for e in vp.estimands if e.kind == "share"])]
     if any(e.kind == "table" for e in vp.estimands):
         panels.append(("2-way tables", [e for e in vp.estimands if e.kind == "table"]))
-    with _gc_paused():
-        fig, axes = _new_figure(6.0 * len(panels), 4.2, len(panels))
+    with gc_paused():
+        fig, axes = new_figure(6.0 * len(panels), 4.2, len(panels))
         for ax, (title, ests) in zip(axes, panels):
             for c, est in enumerate(ests):
                 xs = np.array(vp.grid)
                 big, med = np.array([_summary([est], x, z) for x in xs]).T
-                name = "" if vp.kind == "categorical" else f"{_plot_label(est.name)}: "
+                name = "" if vp.kind == "categorical" else f"{plot_label(est.name)}: "
                 color = f"C{c % 10}"
                 if np.allclose(big, med, rtol=1e-9, equal_nan=True):   # every cell alike (a uniform prior)
                     ax.plot(xs, big, "o-", color=color, label=f"{name}every cell" if name else "every cell")
@@ -846,10 +816,10 @@ def _curve(vp: VariablePlan, confidence: float, path: Path) -> None:
             spent = f" (spent: + {vp.extra_epsilon:g})" if vp.extra_epsilon else ""
             ax.set_xlabel(("ε of the channel" if vp.kind == "categorical" else "ε of the group's release") + spent)
             ax.set_ylabel(f"{_pct(confidence)} interval half-width")
-            ax.set_title(f"{_plot_label(vp.key)}: {title}, n = {vp.rows:,}", fontsize=10)
+            ax.set_title(f"{plot_label(vp.key)}: {title}, n = {vp.rows:,}", fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
-        _fit_layout(fig)
+        fit_layout(fig)
         fig.savefig(path, dpi=100, metadata={"Software": None})
 
 

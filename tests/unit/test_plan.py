@@ -25,7 +25,8 @@ from pram_lib.channels.rr import custom_channel, invariant_pram, uniform_rr
 from pram_lib.core.estimate import estimate_distribution
 from pram_lib.pipeline import release, stream
 from pram_lib.channels.multi_rr import rr_table_variance
-from pram_lib.pipeline.plan import plan_release, share_variance
+from pram_lib.core.operators import share_variance
+from pram_lib.pipeline.plan import plan_release
 from pram_lib.spec import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

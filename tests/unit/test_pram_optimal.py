@@ -740,7 +740,7 @@ def test_returned_vertex_is_always_invertible_and_best_among_invertible(S, alpha
 
 
 def test_keep_condition_is_the_dense_infinity_norm_condition():
-    from pram_lib.core.estimate import keep_condition
+    from pram_lib.core.operators import keep_condition
 
     rng = np.random.default_rng(3)
     Q = rng.uniform(0, 1, (40, 5))

@@ -22,8 +22,9 @@ from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.pram import optimal_pram
 from pram_lib.channels.rr import custom_channel, uniform_rr
 from pram_lib.channels.multi_rr import krr_coefficients
-from pram_lib.pipeline.plan import (_split, resolve_targets, target_line, variance_coefficients,
-                                    worst_relative_variance, worst_variance)
+from pram_lib.core.operators import (split_coefficients, variance_coefficients, worst_relative_variance,
+                                     worst_variance)
+from pram_lib.pipeline.plan import resolve_targets, target_line
 from pram_lib.spec import SpecError, load_spec
 from test_target import N, Z, simulated
 
@@ -105,7 +106,7 @@ def test_worst_case_against_brute_force_over_the_simplex(name, matrix, channel, 
     k = matrix.shape[0]
     P = simplex_points(k, 300 if k == 3 else 60, 20000)
     nvar = dense_nvar(matrix, P)
-    a, A = _split(variance_coefficients(channel))
+    a, A = split_coefficients(variance_coefficients(channel))
     closed = worst_variance(a, A, s)
     rel = worst_relative_variance(a, A, s) if s > 0 else None
     for x in range(k):
@@ -127,14 +128,14 @@ def test_krr_closed_form():
         move = (1 - keep) / (k - 1)
         d = keep - move
         C = variance_coefficients(uniform_rr(k, epsilon=eps))
-        assert np.allclose(_split(C), [np.full(k, x) for x in krr_coefficients(k, keep)], rtol=1e-10)
+        assert np.allclose(split_coefficients(C), [np.full(k, x) for x in krr_coefficients(k, keep)], rtol=1e-10)
         for s in (0.0, 0.2, 0.6, 0.9):
             t = np.clip((0.5 - move) / d, s, 1.0)
             m = d * t + move
             want = m * (1 - m) / d ** 2
             if d * s + move <= 0.5 <= keep:
                 assert math.isclose(want, 1 / (4 * d * d), rel_tol=1e-12)
-            assert np.allclose(worst_variance(*_split(C), s), want, rtol=1e-10), (k, eps, s)
+            assert np.allclose(worst_variance(*split_coefficients(C), s), want, rtol=1e-10), (k, eps, s)
 
 
 # -- the resolved ε ------------------------------------------------------------------------------------------
