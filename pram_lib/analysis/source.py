@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pram_lib.analysis.axes import AxisChannel, dense_axis, keep_uniform_axis
-from pram_lib.core.codec import CategoricalEntry, EntryError, GroupEntry, NoiseEntry, decode_document
+from pram_lib.core.codec import PublishedCategorical, EntryError, PublishedGroup, PublishedNoise, decode_document
 
 BATCH_ROWS = 1 << 20
 
@@ -31,7 +31,7 @@ class CategoricalColumn:
     categories: tuple[str, ...]            # true categories
     released: tuple[str, ...]              # released categories (differ for a non-square custom matrix)
     strata_columns: tuple[str, ...]
-    entries: dict[tuple, CategoricalEntry]
+    entries: dict[tuple, PublishedCategorical]
     epsilon: float
 
     def axis(self, key: tuple) -> AxisChannel:
@@ -104,17 +104,17 @@ def read_channels(doc: dict, where: str) -> dict[str, object]:
         what = f"field {e.args[0]!r} is missing" if isinstance(e, KeyError) else f"an entry is malformed ({e})"
         raise ReleaseError(f"{where}: {what}; the file does not follow channels.schema.json") from None
     out: dict[str, object] = {}
-    strata: dict[str, list[CategoricalEntry]] = {}
+    strata: dict[str, list[PublishedCategorical]] = {}
     for e in entries:
-        if isinstance(e, CategoricalEntry):
+        if isinstance(e, PublishedCategorical):
             strata.setdefault(e.variable, []).append(e)
-        elif isinstance(e, GroupEntry):
+        elif isinstance(e, PublishedGroup):
             for c, cl in enumerate(e.clusters):
                 members = tuple(e.attributes[j] for j in cl.indices)
                 for j in cl.indices:
                     out[e.attributes[j]] = GroupColumn(e.attributes[j], tuple(str(x) for x in e.categories[j]),
                                                        e.variable, c, members, cl.cells, cl.keep, e.epsilon)
-        elif isinstance(e, NoiseEntry):
+        elif isinstance(e, PublishedNoise):
             out[e.variables[0]] = NoiseColumn(e.variables[0], e.scale, e.theta, e.eta, e.noise_mean, e.noise_variance)
     for name, per_stratum in strata.items():
         first = per_stratum[0]

@@ -117,7 +117,7 @@ from scipy.special import chdtri
 
 from pram_lib.channels.adjust import RakingResult, rake
 from pram_lib.core.channel import Channel
-from pram_lib.core.codec import ClusterEntry, EntryError, GroupEntry, decode_entry, encode_group
+from pram_lib.core.codec import PublishedCluster, EntryError, PublishedGroup, decode_entry, encode_group
 from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.estimate import estimate_distribution, project_to_simplex
 from pram_lib.core.guarantee import LDP
@@ -560,7 +560,7 @@ class GroupChannel:
     # -- publication -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """JSON-ready description (scalars per cluster; the dependence matrix when it was measured)."""
-        clusters = [ClusterEntry(tuple(c), k, p, q, e) for c, k, e, p, q in
+        clusters = [PublishedCluster(tuple(c), k, p, q, e) for c, k, e, p, q in
                     zip(self.clusters, self.cluster_sizes, self.cluster_epsilons, self.keep, self.move)]
         return encode_group(self.method, self.attributes, self.categories, clusters, self.epsilon_dependence,
                             self.dependence, self.details)
@@ -569,7 +569,7 @@ class GroupChannel:
     def from_dict(cls, d: Mapping) -> "GroupChannel":
         """Inverse of :meth:`to_dict`; an entry that is not a valid group is refused (pram_lib.core.codec.EntryError)."""
         e = decode_entry(d)
-        if not isinstance(e, GroupEntry):
+        if not isinstance(e, PublishedGroup):
             raise EntryError("entry.family", "", f"is {d['family']!r}, not a multi-attribute group (multi-rr)")
         return cls(attributes=e.attributes, categories=e.categories, clusters=tuple(c.indices for c in e.clusters),
                    cluster_epsilons=tuple(c.epsilon for c in e.clusters), method=e.method,

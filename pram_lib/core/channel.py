@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pram_lib.core.codec import CategoricalEntry, EntryError, decode_entry, encode_categorical
+from pram_lib.core.codec import PublishedCategorical, EntryError, decode_entry, encode_categorical
 from pram_lib.core.epsilon import dense_epsilon, gamma_of, keep_uniform_column_extremes, keep_uniform_epsilon  # noqa: F401
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.operators import ChannelOperators, DenseOperators, KeepUniformOperators
@@ -151,12 +151,12 @@ class Channel:
         """Inverse of to_dict (an analyst rebuilds the published channel); an entry that is not a valid channel is
         refused (pram_lib.core.codec.EntryError, naming the field)."""
         e = decode_entry(d)
-        if not isinstance(e, CategoricalEntry):
+        if not isinstance(e, PublishedCategorical):
             raise EntryError("entry.family", "", f"is {d['family']!r}, not a categorical channel (keep-uniform, dense)")
         return cls.from_entry(e)
 
     @classmethod
-    def from_entry(cls, e: "CategoricalEntry") -> "Channel":
+    def from_entry(cls, e: "PublishedCategorical") -> "Channel":
         """The channel a read entry (pram_lib.core.codec.decode_entry) publishes."""
         kw = dict(variables=e.variables, categories=e.categories, method=e.method, objective=e.objective,
                   certified=e.certified, details=e.details)

@@ -293,7 +293,7 @@ def check_document(doc: Any) -> None:
 # reading and writing: the one decoder and encoder of channels.json entries
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class CategoricalEntry:
+class PublishedCategorical:
     """A categorical channel as published (family keep-uniform or dense), read: one stratum's channel of a
     variable (`stratum_key`: its values of `strata_columns`; empty when unstratified)."""
 
@@ -320,7 +320,7 @@ class CategoricalEntry:
 
 
 @dataclass(frozen=True)
-class ClusterEntry:
+class PublishedCluster:
     """One cluster of a multi-rr group: K-ary RR on the product of its attributes' categories."""
 
     indices: tuple[int, ...]
@@ -334,13 +334,13 @@ class ClusterEntry:
 
 
 @dataclass(frozen=True, eq=False)
-class GroupEntry:
+class PublishedGroup:
     """A multi-attribute randomized-response group (family multi-rr), read."""
 
     variable: str
     attributes: tuple[str, ...]
     categories: tuple[tuple, ...]
-    clusters: tuple[ClusterEntry, ...]
+    clusters: tuple[PublishedCluster, ...]
     epsilon: float
     epsilon_dependence: float
     dependence: np.ndarray | None
@@ -349,7 +349,7 @@ class GroupEntry:
 
 
 @dataclass(frozen=True, eq=False)
-class NoiseEntry:
+class PublishedNoise:
     """A continuous variable released as T(x) + Y, Y two-sided Gamma(θ, η) (family two-sided-gamma), read."""
 
     variables: tuple[str, ...]
@@ -363,7 +363,7 @@ class NoiseEntry:
     details: dict
 
 
-Entry = Union[CategoricalEntry, GroupEntry, NoiseEntry]
+Entry = Union[PublishedCategorical, PublishedGroup, PublishedNoise]
 
 
 def decode_entry(entry: Any, path: str = "entry") -> Entry:
@@ -398,7 +398,7 @@ def _decode(e: Mapping) -> Entry:
     if family in ("keep-uniform", "dense"):
         cats = tuple(e["categories"])
         keep = _readonly(e["keep"]) if family == "keep-uniform" else None
-        return CategoricalEntry(
+        return PublishedCategorical(
             variables=tuple(e["variables"]), categories=cats,
             output_categories=cats if keep is not None else tuple(e.get("output_categories") or cats),
             keep=keep, matrix=None if keep is not None else _readonly(e["matrix"]),
@@ -412,9 +412,9 @@ def _decode(e: Mapping) -> Entry:
             cells = int(cl["cells"]) if "cells" in cl else math.prod(len(e["categories"][j]) for j in cl["indices"])
             keep = float(cl["keep"])
             move = float(cl["move_each"]) if "move_each" in cl else ((1.0 - keep) / (cells - 1) if cells > 1 else 0.0)
-            clusters.append(ClusterEntry(tuple(cl["indices"]), cells, keep, move, _inf_or_float(cl["epsilon"])))
+            clusters.append(PublishedCluster(tuple(cl["indices"]), cells, keep, move, _inf_or_float(cl["epsilon"])))
         total = sum(c.epsilon for c in clusters) + float(e.get("epsilon_dependence", 0.0))
-        return GroupEntry(
+        return PublishedGroup(
             variable=str(e.get("variable", "+".join(attrs))), attributes=attrs,
             categories=tuple(tuple(c) for c in e["categories"]), clusters=tuple(clusters),
             epsilon=_inf_or_float(e.get("epsilon", total)), epsilon_dependence=float(e.get("epsilon_dependence", 0.0)),
@@ -422,7 +422,7 @@ def _decode(e: Mapping) -> Entry:
             method=str(e.get("method", "")),
             details=dict(e.get("details", {})))
     theta, eta = float(e["theta"]), float(e["eta"])
-    return NoiseEntry(
+    return PublishedNoise(
         variables=tuple(e["variables"]), theta=theta, eta=eta, noise_mean=float(e.get("noise_mean", 0.0)),
         noise_variance=float(e.get("noise_variance", theta * (theta + 1.0) * eta * eta)),
         scale=e.get("scale", "identity"), method=str(e.get("method", "")), objective=_objective(e.get("objective")),
@@ -463,7 +463,7 @@ def encode_categorical(variables, categories, output_categories, keep, matrix, e
     return out
 
 
-def encode_group(method: str, attributes, categories, clusters: Sequence[ClusterEntry], epsilon_dependence: float,
+def encode_group(method: str, attributes, categories, clusters: Sequence[PublishedCluster], epsilon_dependence: float,
                  dependence, details: dict) -> dict:
     """The channels.json entry of a multi-attribute RR group (scalars per cluster, never a K-vector)."""
     release = float(sum(c.epsilon for c in clusters))

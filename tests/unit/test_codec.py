@@ -314,15 +314,15 @@ def test_every_family_reads_back_to_what_was_written():
     from pram_lib.channels.gamma import NoiseChannel
     from pram_lib.channels.multi_rr import GroupChannel
     from pram_lib.core.channel import Channel
-    from pram_lib.core.codec import CategoricalEntry, GroupEntry, NoiseEntry, decode_entry
+    from pram_lib.core.codec import PublishedCategorical, PublishedGroup, PublishedNoise, decode_entry
 
     b, a, g, y = _custom(), _keep(), _group(), _noise()
     cb, ca, cg, cy = decode_entry(b), decode_entry(a), decode_entry(g), decode_entry(y)
-    assert isinstance(cb, CategoricalEntry) and cb.keep is None and cb.matrix.tolist() == [[.8, .2], [.2, .8]]
-    assert isinstance(ca, CategoricalEntry) and ca.keep.tolist() == pytest.approx([4 / 6] * 3)
-    assert isinstance(cg, GroupEntry) and [c.cells for c in cg.clusters] == [4, 3]
+    assert isinstance(cb, PublishedCategorical) and cb.keep is None and cb.matrix.tolist() == [[.8, .2], [.2, .8]]
+    assert isinstance(ca, PublishedCategorical) and ca.keep.tolist() == pytest.approx([4 / 6] * 3)
+    assert isinstance(cg, PublishedGroup) and [c.cells for c in cg.clusters] == [4, 3]
     assert cg.epsilon == pytest.approx(3.0) and cg.variable == "u+v+w"
-    assert isinstance(cy, NoiseEntry) and (cy.theta, cy.eta) == (1.0, 2.0) and cy.noise_variance == 8.0  # θ(θ+1)η²
+    assert isinstance(cy, PublishedNoise) and (cy.theta, cy.eta) == (1.0, 2.0) and cy.noise_variance == 8.0  # θ(θ+1)η²
     for entry, cls in ((b, Channel), (a, Channel), (g, GroupChannel), (y, NoiseChannel)):
         again = json.loads(json.dumps(cls.from_dict(entry).to_dict()))
         assert json.dumps(again, sort_keys=False) == json.dumps(entry, sort_keys=False)
