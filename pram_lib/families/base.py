@@ -169,6 +169,59 @@ class Family(ABC):
                          summary: pd.DataFrame | None) -> tuple[list[str], list[dict]]:
         """(markdown lines, rows for internal.json) comparing the source with the release's estimates."""
 
+    # -- accuracy planning (pram_lib.pipeline.plan drives these; `check` and the reports read them too) --
+    changed_as: ClassVar[str]       # how a released column was changed, in its variable label: randomized, ...
+
+    @abstractmethod
+    def not_planned(self, v, brief: bool = False) -> str | None:
+        """Why the variable's accuracy cannot be planned from public information (brief: for `check`'s table);
+        None when it can."""
+
+    @abstractmethod
+    def planning_rows(self, spec, i: int, v) -> tuple[int, str] | None:
+        """(n, where n comes from) from the variable's public reference (a prior file's counts); None: none."""
+
+    @abstractmethod
+    def domain_fix(self, v) -> str:
+        """The start of the fix when the domain is not declared and the source may not be read ('' if none)."""
+
+    @abstractmethod
+    def data_prior(self, v) -> bool:
+        """Whether the release reads the variable's prior from the data (planned at the uniform prior)."""
+
+    @abstractmethod
+    def plan_variable(self, spec, i: int, v, cats, domain_from: str, n: int, n_from: str,
+                      target_note: str | None) -> Any:
+        """The VariablePlan (pram_lib.core.planning) of a planned variable over its domain `cats`."""
+
+    @abstractmethod
+    def planning_curve(self, spec, i: int, v, cats, n: int, z: float) -> Any:
+        """The TargetCurve (pram_lib.core.planning) a `target:` is searched on."""
+
+    @abstractmethod
+    def planned_largest_halfwidths(self, spec, i: int, v, cats, n: float, z: float) -> dict[str, float]:
+        """{each released estimand: its largest half-width at the spec's ε under the public planning prior}."""
+
+    @abstractmethod
+    def true_share_halfwidths(self, spec, v, assignments: list, profile, z: float,
+                              source_counts: Any) -> dict[str, float]:
+        """{each released estimand: its largest half-width at the source's shares through the channels chosen}
+        (confidential). source_counts(columns) -> one Counter per column read from the source, or None: then
+        only what the profile holds ({} when it does not suffice)."""
+
+    @abstractmethod
+    def profile_domain(self, v, profile) -> tuple[Any, float]:
+        """(the domain the release found, the source's number of records behind it)."""
+
+    @abstractmethod
+    def accuracy_name(self, v, name: str) -> str:
+        """The row name of an estimand of the variable in `check`'s accuracy table."""
+
+    @abstractmethod
+    def released_estimands(self, v, channel) -> tuple[list[str], list]:
+        """(the names estimates.csv gives the released channel's estimands, their domain as
+        planned_largest_halfwidths takes it); ([], []) when none is planned."""
+
 
 PRIORS_FOR_REPORT = (0.01, 0.10, 0.50)   # the report's intruder priors
 LEAK_FIX = ("if {col!r} is public information, mark the variable `public: true` (it is then listed as unprotected "

@@ -24,7 +24,8 @@ from pram_lib.core.channel import Channel, encode
 from pram_lib.core.counting import codes_of, combination_counts
 from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.estimate import is_identifiable
-from pram_lib.core.operators import share_variance
+from pram_lib.core.operators import share_variance, split_coefficients, variance_coefficients
+from pram_lib.core.planning import ROWS_FIX, Estimand, TargetCurve, VariablePlan, planning_grid
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile, keyed_generator, stratum_label
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
@@ -660,6 +661,114 @@ class Categorical(Family):
                 d["details"]["target"] = v.target_details
             out.append(d)
         return out
+
+    # -- accuracy planning ------------------------------------------------------------------------------------
+    changed_as = "randomized"
+
+    def not_planned(self, v, brief=False):
+        return None
+
+    def planning_rows(self, spec, i, v):
+        if not isinstance(v.prior, PriorFile) or "count" not in prior_reference(spec, i, v).columns:
+            return None
+        total = float(pd.to_numeric(prior_reference(spec, i, v)["count"], errors="coerce").sum(min_count=1))
+        if not (math.isfinite(total) and total >= 1):
+            raise spec.error(("variables", i, "prior", "file"), "the prior file's counts do not sum to a "
+                             "positive number of records", total, ROWS_FIX)
+        return int(round(total)), f"the total of the `count` column of {v.prior.file} (the size of the public " \
+                                  "reference)"
+
+    def domain_fix(self, v):
+        return "declare `categories:`, or "
+
+    def data_prior(self, v):
+        return v.data_prior
+
+    def planning_channels(self, spec, i: int, v, cats: tuple) \
+            -> tuple[np.ndarray, Callable[[float | None], Channel]]:
+        """(the planning shares, ε -> the channel the release would build from the public planning prior at ε;
+        at None: the spec's own level, or the fixed matrix of a channel that states none)."""
+        entry = self.entry(v)
+        prior = entry.planning_prior(spec, i, v, cats)
+        return prior[0], lambda level: entry.planning_channel(spec, i, v, cats, prior, level)
+
+    def plan_variable(self, spec, i, v, cats, domain_from, n, n_from, target_note):
+        cats = tuple(cats)
+        k = len(cats)
+        vp = VariablePlan(v.key, v.channel, self.kind, rows=n, rows_from=n_from)
+        vp.notes.append(f"domain: {k} categories, {domain_from}")
+        if k < 2:
+            vp.not_planned = "fewer than 2 categories: nothing to estimate"
+            return vp
+        entry = self.entry(v)
+        vp.notes += entry.planning_notes(v)
+        vp.extra_epsilon = v.prior_epsilon     # a DP prior's ε0, spent besides the channel's ε
+        if target_note is not None:
+            vp.notes.append(target_note)
+        shares, build = self.planning_channels(spec, i, v, cats)
+        est = Estimand(v.key, "share", [(c,) for c in cats], shares, method="unbiased (inversion)")
+        levels = planning_grid(v.epsilon) if v.states_level else [None]   # None: a fixed matrix, one point
+        for level in levels:
+            ch = build(level)
+            level = float(ch.epsilon) if level is None else level
+            var = entry.planning_variance(ch, shares, n)
+            est.se[level] = np.full(k, np.nan) if var is None else np.sqrt(var)
+            if var is None:
+                vp.notes.append(f"at ε = {level:.4g} the channel is singular: the release could not estimate the "
+                                "shares (the estimator refuses it)")
+        vp.spec_epsilon = v.epsilon if levels[0] is not None else level
+        vp.grid = sorted(est.se)
+        vp.estimands.append(est)
+        if levels[0] is None:
+            vp.notes.append("a fixed matrix: one point, at the matrix's ε")
+        return vp
+
+    def planning_curve(self, spec, i, v, cats, n, z):
+        shares, build = self.planning_channels(spec, i, v, tuple(cats))
+        entry = self.entry(v)
+
+        def halfwidths(eps: float) -> np.ndarray | None:
+            var = entry.planning_variance(build(eps), shares, n)
+            return None if var is None else z * np.sqrt(var)
+
+        def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray] | None:
+            C = variance_coefficients(build(eps))
+            return None if C is None else split_coefficients(C)
+
+        planning = f"the public prior file {v.prior.file}" if isinstance(v.prior, PriorFile) else "uniform"
+        return TargetCurve([str(c) for c in cats], shares, halfwidths, planning, coefficients)
+
+    def planned_largest_halfwidths(self, spec, i, v, cats, n, z):
+        if len(cats) < 2:
+            return {v.key: 0.0}
+        shares, build = self.planning_channels(spec, i, v, tuple(cats))
+        var = self.entry(v).planning_variance(build(None), shares, n)
+        return {v.key: math.nan if var is None else z * math.sqrt(float(np.max(var)))}
+
+    def true_share_halfwidths(self, spec, v, assignments, profile, z, source_counts):
+        """Strata add as the report's totals do: Var = Σ_s (n_s/n)² Var_s."""
+        vp = profile.variables[v.column]
+        parts = []
+        for a in assignments:
+            counts = np.asarray(vp.counts[a.stratum], dtype=float)
+            if counts.sum() > 0:
+                parts.append((counts.sum(), self.entry(v).planning_variance(a.channel, counts / counts.sum(),
+                                                                            counts.sum())))
+        total = sum(n_s for n_s, _ in parts)
+        if not parts or any(var is None for _, var in parts):
+            return {v.key: math.nan}
+        var = sum((n_s / total) ** 2 * var for n_s, var in parts)
+        return {v.key: z * math.sqrt(float(np.max(var)))}
+
+    def profile_domain(self, v, profile):
+        vp = profile.variables[v.column]
+        return vp.categories, float(sum(np.sum(c) for c in vp.counts.values()))
+
+    def accuracy_name(self, v, name):
+        return name
+
+    def released_estimands(self, v, channel):
+        return [v.key], list(channel.categories)
 
     # -- what a categorical variable does not have (Family is abstract: every method is stated) --------------
     def released_names(self, v, i):

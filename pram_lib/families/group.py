@@ -9,7 +9,9 @@ RR-Adjustment, the released codes and weights (a one-chunk feature).
 from __future__ import annotations
 
 from abc import abstractmethod
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
@@ -23,6 +25,7 @@ from pram_lib.core.channel import encode
 from pram_lib.core.operators import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
+from pram_lib.core.planning import Estimand, TargetCurve, VariablePlan, planning_grid
 from pram_lib.core.randomness import at_row
 from pram_lib.core.validate import channel_consistency_test
 from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct, unresolved_target_error
@@ -550,3 +553,120 @@ class Group(Family):
             d["details"] = {**d.get("details", {}), "target": v.target_details}
         return [d]
 
+    # -- accuracy planning ------------------------------------------------------------------------------------
+    changed_as = "randomized"
+
+    def not_planned(self, v, brief=False):
+        return None
+
+    def planning_rows(self, spec, i, v):
+        return None   # no public reference: `rows:` or --rows
+
+    def domain_fix(self, v):
+        return ""     # a group's domains are always declared
+
+    def data_prior(self, v):
+        return False
+
+    def plan_variable(self, spec, i, v, cats, domain_from, n, n_from, target_note):
+        cats = [list(c) for c in cats]
+        entry = self.entries[v.channel]
+        vp = VariablePlan(v.key, v.channel, self.kind, spec_epsilon=v.epsilon,
+                          extra_epsilon=entry.dependence_epsilon(v), rows=n, rows_from=n_from,
+                          grid=planning_grid(v.epsilon), shares_named=True,
+                          epsilon_label="ε of the group's release")
+        if target_note is not None:
+            vp.notes.append(target_note)
+        vp.notes.append(f"domains: {', '.join(f'{a} {len(c)}' for a, c in zip(v.columns, cats))} categories, "
+                        f"{domain_from}")
+        vp.notes.append("planning prior: uniform over every cell (attributes independent and uniform)")
+        sizes = [len(c) for c in cats]
+        shares = [Estimand(a, "share", [(str(x),) for x in c], np.full(len(c), 1.0 / len(c)))
+                  for a, c in zip(v.columns, cats)]
+        pairs = [(a, b) for a in range(len(sizes)) for b in range(a + 1, len(sizes))
+                 if sizes[a] * sizes[b] <= MAX_PAIR_CELLS]
+        tables = [Estimand(f"{v.columns[a]} × {v.columns[b]}", "table",
+                           [(str(x), str(y)) for x in cats[a] for y in cats[b]],
+                           np.full(sizes[a] * sizes[b], 1.0 / (sizes[a] * sizes[b]))) for a, b in pairs]
+        skipped = [f"{v.columns[a]} × {v.columns[b]}" for a in range(len(sizes)) for b in range(a + 1, len(sizes))
+                   if sizes[a] * sizes[b] > MAX_PAIR_CELLS]
+        if skipped:
+            vp.notes.append(f"not published (more than {MAX_PAIR_CELLS:,} cells): {', '.join(skipped)}")
+        for level in vp.grid:
+            ch = entry.planning_channel(spec, i, v, cats, level)
+            if level == vp.grid[0]:
+                vp.notes += entry.planning_notes(v, ch)
+            for j, est in enumerate(shares):
+                var, est.method = entry.planning_variance(ch, (j,), est.planning, n)
+                est.se[level] = np.sqrt(var)
+            for est, (a, b) in zip(tables, pairs):
+                var, est.method = entry.planning_variance(ch, (a, b), est.planning.reshape(sizes[a], sizes[b]), n)
+                est.se[level] = np.sqrt(var)
+        vp.estimands = shares + tables
+        if vp.extra_epsilon:
+            vp.notes.append(f"ε spent = the release ε + {vp.extra_epsilon:g} (measuring dependence)")
+        return vp
+
+    def planning_curve(self, spec, i, v, cats, n, z):
+        cats = [list(c) for c in cats]
+        entry = self.entries[v.channel]
+        uniform = [np.full(len(c), 1.0 / len(c)) for c in cats]
+
+        def halfwidths(eps: float) -> np.ndarray:
+            ch = entry.planning_channel(spec, i, v, cats, eps)
+            return np.concatenate([z * np.sqrt(entry.planning_variance(ch, (j,), p, n)[0])
+                                   for j, p in enumerate(uniform)])
+
+        def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray]:
+            return entry.worst_case_coefficients(entry.planning_channel(spec, i, v, cats, eps))
+
+        labels = [f"{a}={x}" for a, c in zip(v.columns, cats) for x in c]
+        return TargetCurve(labels, np.concatenate(uniform), halfwidths, "uniform over each attribute's categories" +
+                           (" (clusters measured on the data are planned as one per attribute)"
+                            if entry.measures_dependence(v) else ""), coefficients)
+
+    def planned_largest_halfwidths(self, spec, i, v, cats, n, z):
+        entry, cats = self.entries[v.channel], [list(c) for c in cats]
+        ch = entry.planning_channel(spec, i, v, cats, v.epsilon)
+        return {attr: z * math.sqrt(float(np.max(entry.planning_variance(ch, (j,), np.full(len(c), 1.0 / len(c)),
+                                                                            n)[0])))
+                for j, (attr, c) in enumerate(zip(v.columns, cats))}
+
+    @staticmethod
+    def attribute_counts(v, profile, source_counts: Callable[[list[str]], list[Counter]] | None) \
+            -> list[np.ndarray] | None:
+        """The source's counts of each attribute over its categories (the profile's order): from the profile's
+        codes when it kept them, else from source_counts (None: not known)."""
+        gp = profile.groups[v.key]
+        if gp.codes is not None:
+            codes = np.asarray(gp.codes)
+            return [np.bincount(codes[:, j], minlength=len(c)).astype(float) for j, c in enumerate(gp.categories)]
+        if source_counts is None:
+            return None
+        out = []
+        for found, c in zip(source_counts(list(v.columns)), gp.categories):
+            index = {x: k for k, x in enumerate(c)}
+            counts = np.zeros(len(c))
+            for key, rows in found.items():
+                counts[index[MISSING if key[0] is None else str(key[0])]] += rows
+            out.append(counts)
+        return out
+
+    def true_share_halfwidths(self, spec, v, assignments, profile, z, source_counts):
+        all_counts = self.attribute_counts(v, profile, source_counts)
+        if all_counts is None:
+            return {}
+        (a,) = assignments
+        entry, ch = self.entries[v.channel], a.channel
+        return {attr: z * math.sqrt(float(np.max(entry.planning_variance(ch, (j,), counts / counts.sum(),
+                                                                            counts.sum())[0])))
+                for j, (attr, counts) in enumerate(zip(ch.attributes, all_counts))}
+
+    def profile_domain(self, v, profile):
+        return profile.groups[v.key].categories, float(profile.n_rows)
+
+    def accuracy_name(self, v, name):
+        return f"{v.key}:{name}"
+
+    def released_estimands(self, v, channel):
+        return list(channel.attributes), [list(c) for c in channel.categories]

@@ -22,6 +22,7 @@ from pram_lib.channels import gamma as g
 from pram_lib.channels.deconvolve import bootstrap_band
 from pram_lib.channels.gamma import PROTECTION_TOLERANCE
 from pram_lib.core.guarantee import NotDP
+from pram_lib.core.planning import VariablePlan
 from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
 from pram_lib.core.quantile import z_value
 from pram_lib.core.randomness import ExactSums, per_row, uniforms
@@ -692,3 +693,40 @@ class Noise(Family):
         L += ["", "Chooser diagnostics (confidential: they use the source) are in `internal.json`.", ""]
         return L, numeric
 
+    # -- accuracy planning: none (the noise's scale follows the source's spread) -------------------------------
+    changed_as = "noise added"
+
+    def not_planned(self, v, brief=False):
+        return ("noise calibrated on the data" if brief else "the noise is calibrated on the confidential data (its "
+                "scale follows the source's spread), so its accuracy cannot be planned without it")
+
+    def planning_rows(self, spec, i, v):
+        return None
+
+    def domain_fix(self, v):
+        return ""
+
+    def data_prior(self, v):
+        return False
+
+    def plan_variable(self, spec, i, v, cats, domain_from, n, n_from, target_note):
+        return VariablePlan(v.key, v.channel, self.kind, not_planned=self.not_planned(v))
+
+    def planning_curve(self, spec, i, v, cats, n, z):
+        raise spec.error(("variables", i, "target"), "a continuous variable's noise is calibrated on the data: no "
+                         "target can be planned for it", None, "state the channel's parameters instead")
+
+    def planned_largest_halfwidths(self, spec, i, v, cats, n, z):
+        return {}
+
+    def true_share_halfwidths(self, spec, v, assignments, profile, z, source_counts):
+        return {}
+
+    def profile_domain(self, v, profile):
+        return None, 0.0
+
+    def accuracy_name(self, v, name):
+        return name
+
+    def released_estimands(self, v, channel):
+        return [], []

@@ -47,8 +47,7 @@ def release_labels(spec, profile, assignments) -> Labels:
             if kind == "RR-Adjustment weights":
                 variables[name] = f"RR-Adjustment weights of group {v.key}"
             elif kind == "a variable":
-                how = "noise added" if family.kind == "continuous" else "randomized"
-                variables[name] = f"{how} by {v.channel} (channels.json)"
+                variables[name] = f"{family.changed_as} by {v.channel} (channels.json)"
     variables.update({c: "released unchanged (pass-through, no protection)" for c in spec.passthrough})
     return Labels(values, {c: text[:STATA_VARIABLE_LABEL] for c, text in variables.items()})
 

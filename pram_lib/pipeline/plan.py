@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,51 +34,16 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.core.epsilon import gamma_of
-from pram_lib.core.operators import (NonIdentifiableError, split_coefficients, variance_coefficients, worst_relative_variance,
-                                     worst_variance)
+from pram_lib.core.operators import NonIdentifiableError, worst_relative_variance, worst_variance
+from pram_lib.core.planning import GRID, ROWS_FIX, Estimand, TargetCurve, VariablePlan   # noqa: F401 (re-exported)
 from pram_lib.core.quantile import z_value
-from pram_lib.core.model import MISSING
-from pram_lib.families import entry_of, family_of
+from pram_lib.families import family_of
 from pram_lib.families.base import Target
-from pram_lib.families.categorical import PriorFile, count_values, prior_reference
-from pram_lib.families.group import MAX_PAIR_CELLS
+from pram_lib.families.categorical import count_values
 from pram_lib.spec import ReleaseSpec, SpecError, check_static_budget
-
-GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)   # ε of the curves, besides the spec's own
-ROWS_FIX = ("declare `rows: N` at the top of the spec (the planned number of records: public information, read "
-            "by `pram-release plan` and to resolve a `target:`), or give `--rows N`")
 
 
 # -- what a plan holds ------------------------------------------------------------------------------------
-@dataclass
-class Estimand:
-    """One distribution a release publishes: a variable's (or attribute's) shares, or a 2-way table."""
-
-    name: str                          # the variable or attribute, or 'a × b'
-    kind: str                          # share | table
-    labels: list[tuple[str, ...]]      # per cell: (category,) or (category_a, category_b)
-    planning: np.ndarray               # the planning share of each cell
-    se: dict[float, np.ndarray] = field(default_factory=dict)   # planned ε -> se per cell (NaN: not identifiable)
-    method: str = ""                   # how the release estimates it
-
-
-@dataclass
-class VariablePlan:
-    """The plan of one spec entry: its estimands on a grid of ε, or why it is not planned."""
-
-    key: str
-    channel: str
-    kind: str                          # categorical | group | continuous
-    spec_epsilon: float | None = None  # the level the spec states (for fixed matrices: the matrix's ε)
-    extra_epsilon: float = 0.0         # ε spent besides the channel's: a DP prior's ε0, measuring dependence
-    grid: list[float] = field(default_factory=list)
-    rows: int | None = None
-    rows_from: str = ""
-    notes: list[str] = field(default_factory=list)
-    estimands: list[Estimand] = field(default_factory=list)
-    not_planned: str | None = None
-
-
 @dataclass
 class AccuracyPlan:
     spec_path: str
@@ -89,24 +54,9 @@ class AccuracyPlan:
 
 
 # -- n and the domains --------------------------------------------------------------------------------------
-def _reference(spec: ReleaseSpec, i: int, v) -> pd.DataFrame:
-    """A variable's prior file (public), with the errors the release gives."""
-    return prior_reference(spec, i, v)
-
-
 def _rows_of(spec: ReleaseSpec, i: int, v, given: tuple[int, str] | None) -> tuple[int, str] | None:
-    """(n, where n comes from) of one categorical variable or group: `given`, else its prior file's counts."""
-    if given is not None:
-        return given
-    if family_of(v).kind == "categorical" and isinstance(v.prior, PriorFile) and \
-            "count" in _reference(spec, i, v).columns:
-        total = float(pd.to_numeric(_reference(spec, i, v)["count"], errors="coerce").sum(min_count=1))
-        if not (math.isfinite(total) and total >= 1):
-            raise spec.error(("variables", i, "prior", "file"), "the prior file's counts do not sum to a "
-                             "positive number of records", total, ROWS_FIX)
-        return int(round(total)), f"the total of the `count` column of {v.prior.file} (the size of the public " \
-                                  "reference)"
-    return None
+    """(n, where n comes from) of one planned variable or group: `given`, else its public reference's."""
+    return given if given is not None else family_of(v).planning_rows(spec, i, v)
 
 
 def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[int, str]]:
@@ -119,7 +69,7 @@ def planned_rows(spec: ReleaseSpec, rows: int | None = None) -> dict[str, tuple[
         given = None
     out, lacking = {}, []
     for i, v in enumerate(spec.variables):
-        if family_of(v).kind == "continuous":
+        if family_of(v).not_planned(v):
             continue
         found = _rows_of(spec, i, v, given)
         if found is None:
@@ -157,87 +107,6 @@ def source_domains(spec: ReleaseSpec, keys: set[str]) -> dict[str, object]:
     return out
 
 
-# -- planning ----------------------------------------------------------------------------------------------
-def _grid(level: float) -> list[float]:
-    return sorted({float(level), *GRID})
-
-
-def _planning_channels(spec: ReleaseSpec, i: int, v, cats: tuple) \
-        -> tuple[np.ndarray, Callable[[float | None], object]]:
-    """(the planning shares, ε -> the channel the release would build from the public planning prior at ε; at
-    None: the spec's own level, or the fixed matrix of a channel that states none)."""
-    entry = entry_of(v)
-    prior = entry.planning_prior(spec, i, v, cats)
-    return prior[0], lambda level: entry.planning_channel(spec, i, v, cats, prior, level)
-
-
-def _plan_categorical(spec: ReleaseSpec, i: int, v, cats: tuple, domain_from: str, n: int, n_from: str) \
-        -> VariablePlan:
-    k = len(cats)
-    vp = VariablePlan(v.key, v.channel, "categorical", rows=n, rows_from=n_from)
-    vp.notes.append(f"domain: {k} categories, {domain_from}")
-    if k < 2:
-        vp.not_planned = "fewer than 2 categories: nothing to estimate"
-        return vp
-    entry = entry_of(v)
-    vp.notes += entry.planning_notes(v)
-    vp.extra_epsilon = v.prior_epsilon     # a DP prior's ε0, spent besides the channel's ε
-    if v.target_details is not None:
-        vp.notes.append(target_note(spec, v))
-    shares, build = _planning_channels(spec, i, v, cats)
-    est = Estimand(v.key, "share", [(c,) for c in cats], shares, method="unbiased (inversion)")
-    levels = _grid(v.epsilon) if v.states_level else [None]   # None: a fixed matrix, one point
-    for level in levels:
-        ch = build(level)
-        level = float(ch.epsilon) if level is None else level
-        var = entry.planning_variance(ch, shares, n)
-        est.se[level] = np.full(k, np.nan) if var is None else np.sqrt(var)
-        if var is None:
-            vp.notes.append(f"at ε = {level:.4g} the channel is singular: the release could not estimate the "
-                            "shares (the estimator refuses it)")
-    vp.spec_epsilon = v.epsilon if levels[0] is not None else level
-    vp.grid = sorted(est.se)
-    vp.estimands.append(est)
-    if levels[0] is None:
-        vp.notes.append("a fixed matrix: one point, at the matrix's ε")
-    return vp
-
-
-def _plan_group(spec: ReleaseSpec, i: int, v, cats: list, domain_from: str, n: int, n_from: str) -> VariablePlan:
-    entry = entry_of(v)
-    vp = VariablePlan(v.key, v.channel, "group", spec_epsilon=v.epsilon, extra_epsilon=entry.dependence_epsilon(v),
-                      rows=n, rows_from=n_from, grid=_grid(v.epsilon))
-    if v.target_details is not None:
-        vp.notes.append(target_note(spec, v))
-    vp.notes.append(f"domains: {', '.join(f'{a} {len(c)}' for a, c in zip(v.columns, cats))} categories, "
-                    f"{domain_from}")
-    vp.notes.append("planning prior: uniform over every cell (attributes independent and uniform)")
-    sizes = [len(c) for c in cats]
-    shares = [Estimand(a, "share", [(str(x),) for x in c], np.full(len(c), 1.0 / len(c))) for a, c in zip(v.columns, cats)]
-    pairs = [(a, b) for a in range(len(sizes)) for b in range(a + 1, len(sizes)) if sizes[a] * sizes[b] <= MAX_PAIR_CELLS]
-    tables = [Estimand(f"{v.columns[a]} × {v.columns[b]}", "table",
-                       [(str(x), str(y)) for x in cats[a] for y in cats[b]],
-                       np.full(sizes[a] * sizes[b], 1.0 / (sizes[a] * sizes[b]))) for a, b in pairs]
-    skipped = [f"{v.columns[a]} × {v.columns[b]}" for a in range(len(sizes)) for b in range(a + 1, len(sizes))
-               if sizes[a] * sizes[b] > MAX_PAIR_CELLS]
-    if skipped:
-        vp.notes.append(f"not published (more than {MAX_PAIR_CELLS:,} cells): {', '.join(skipped)}")
-    for level in vp.grid:
-        ch = entry.planning_channel(spec, i, v, cats, level)
-        if level == vp.grid[0]:
-            vp.notes += entry.planning_notes(v, ch)
-        for j, est in enumerate(shares):
-            var, est.method = entry.planning_variance(ch, (j,), est.planning, n)
-            est.se[level] = np.sqrt(var)
-        for est, (a, b) in zip(tables, pairs):
-            var, est.method = entry.planning_variance(ch, (a, b), est.planning.reshape(sizes[a], sizes[b]), n)
-            est.se[level] = np.sqrt(var)
-    vp.estimands = shares + tables
-    if vp.extra_epsilon:
-        vp.notes.append(f"ε spent = the release ε + {vp.extra_epsilon:g} (measuring dependence)")
-    return vp
-
-
 # -- a target instead of a level: the smallest ε that meets it -----------------------------------------------
 SEARCH_LOW, SEARCH_HIGH = 1e-3, 20.0   # ε a target is searched in (the high end: `max_epsilon` when given)
 SEARCH_GRID = 41                       # log-spaced ε where the half-widths are checked to decrease in ε
@@ -245,50 +114,6 @@ SCAN_GRID = 401                        # the dense scan when they do not (up to 
 BISECT_TOL = 1e-5                      # relative width of the last bracket; ε then has 5 significant digits
 TARGET_LOOSEN = ("loosen the target (a larger `halfwidth:`/`relative:`, a larger `share_at_least:`, a lower "
                  "`confidence:`), plan for more records (`rows:`), or state the level with `alpha:` instead")
-
-
-@dataclass
-class TargetCurve:
-    """What a target is checked against: ε -> predicted half-width of every share the variable publishes."""
-
-    labels: list[str]                  # 'category' (a variable) or 'attribute=category' (a group)
-    shares: np.ndarray                 # planning shares
-    halfwidths: Callable[[float], np.ndarray | None]   # None: the channel is singular at that ε
-    planning: str                      # where the planning shares come from
-    # ε -> (a_x, A_x) per share (see worst_variance) of the channel the planning prior builds; None: singular
-    coefficients: Callable[[float], tuple[np.ndarray, np.ndarray] | None] | None = None
-
-
-def _categorical_curve(spec: ReleaseSpec, i: int, v, cats: tuple, n: int, z: float) -> TargetCurve:
-    shares, build = _planning_channels(spec, i, v, cats)
-
-    def halfwidths(eps: float) -> np.ndarray | None:
-        var = entry_of(v).planning_variance(build(eps), shares, n)
-        return None if var is None else z * np.sqrt(var)
-
-    def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray] | None:
-        C = variance_coefficients(build(eps))
-        return None if C is None else split_coefficients(C)
-
-    planning = f"the public prior file {v.prior.file}" if isinstance(v.prior, PriorFile) else "uniform"
-    return TargetCurve([str(c) for c in cats], shares, halfwidths, planning, coefficients)
-
-
-def _group_curve(spec: ReleaseSpec, i: int, v, cats: list, n: int, z: float) -> TargetCurve:
-    entry = entry_of(v)
-    uniform = [np.full(len(c), 1.0 / len(c)) for c in cats]
-
-    def halfwidths(eps: float) -> np.ndarray:
-        ch = entry.planning_channel(spec, i, v, cats, eps)
-        return np.concatenate([z * np.sqrt(entry.planning_variance(ch, (j,), p, n)[0]) for j, p in enumerate(uniform)])
-
-    def coefficients(eps: float) -> tuple[np.ndarray, np.ndarray]:
-        return entry.worst_case_coefficients(entry.planning_channel(spec, i, v, cats, eps))
-
-    labels = [f"{a}={x}" for a, c in zip(v.columns, cats) for x in c]
-    return TargetCurve(labels, np.concatenate(uniform), halfwidths, "uniform over each attribute's categories" +
-                       (" (clusters measured on the data are planned as one per attribute)"
-                        if entry.measures_dependence(v) else ""), coefficients)
 
 
 def _round_up(x: float, digits: int = 5) -> float:
@@ -356,8 +181,7 @@ def _target_domains(spec: ReleaseSpec, pending: list, read_source: bool) -> dict
         i, v = next((i, v) for i, v in pending if v.key in need)
         raise spec.error(("variables", i, "target"), f"the target of {v.key!r} is met on the shares of its "
                          "categories, which the spec does not declare, and the source may not be opened "
-                         "(--no-source)", None, ("declare `categories:`, or " if family_of(v).kind == "categorical"
-                                                 else "") + "plan without --no-source")
+                         "(--no-source)", None, family_of(v).domain_fix(v) + "plan without --no-source")
     if need:
         for key, cats in source_domains(spec, need).items():
             domains[key] = (cats, "read from the source (its values only)")
@@ -372,7 +196,7 @@ def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict
     (below `max_epsilon`, or 20)."""
     t: Target = v.target
     confidence = t.confidence if t.confidence is not None else spec.confidence
-    group = family_of(v).kind == "group"
+    family = family_of(v)
     worst = t.over == "worst"
     given = (spec.rows, "`rows:` in the spec") if spec.rows is not None else None
     rows = _rows_of(spec, i, v, given)
@@ -380,14 +204,13 @@ def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict
         raise spec.error(("variables", i, "target"), f"a target is an accuracy for a number of records, and the "
                          f"spec states none for {v.key!r} (no `rows:`, no prior file with a `count` column)", None,
                          "declare `rows: N` at the top of the spec (the planned number of records: public "
-                         "information)" + ("" if group or not v.data_prior else ", or plan with a public "
+                         "information)" + ("" if not family.data_prior(v) else ", or plan with a public "
                          "prior file with a `count` column (`prior: {file: ref.csv}`)") + ", or state the level "
                          "with `alpha:` instead")
     n, n_from = rows
     z = z_value(confidence)
     s = t.share_at_least
-    curve = (_group_curve(spec, i, v, [list(c) for c in cats], n, z) if group else
-             _categorical_curve(spec, i, v, tuple(cats), n, z))
+    curve = family.planning_curve(spec, i, v, cats, n, z)
     planned = curve.shares >= s - 1e-12             # the shares the target covers at the planning prior
     if worst:
         which = np.ones(curve.shares.size, dtype=bool)   # any category may have a true share ≥ s
@@ -401,7 +224,7 @@ def resolve_target(spec: ReleaseSpec, i: int, v, cats, domain_from: str) -> dict
             raise spec.error(("variables", i, "target", "share_at_least"), f"no category of {v.key!r} has a "
                              f"planning share of at least {s:g} (planning prior: {curve.planning}; the largest "
                              f"share is {curve.shares.max():.4g})", s,
-                             "lower `share_at_least:`" + ("" if group or not v.data_prior else
+                             "lower `share_at_least:`" + ("" if not family.data_prior(v) else
                                                          ", or plan with a public prior `prior: {file: ref.csv}`"))
         if t.relative is not None and np.any(curve.shares[which] <= 0):
             raise spec.error(("variables", i, "target", "relative"), "a relative target of a share 0 is a "
@@ -533,8 +356,7 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
     domains: dict[str, tuple[object, str]] = {}
     need_source = set()
     for i, v in enumerate(spec.variables):
-        kind = family_of(v).kind
-        if kind in ("categorical", "group"):
+        if not family_of(v).not_planned(v):
             d = _declared_domain(spec, i, v)
             if d is None:
                 need_source.add(v.key)
@@ -549,22 +371,19 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
         read = [c for v in spec.variables if v.key in need_source for c in v.names]
     out = []
     for i, v in enumerate(spec.variables):
-        kind = family_of(v).kind
-        if kind == "continuous":
-            out.append(VariablePlan(v.key, v.channel, kind, not_planned="the noise is calibrated on the confidential "
-                                    "data (its scale follows the source's spread), so its accuracy cannot be "
-                                    "planned without it"))
+        family = family_of(v)
+        reason = family.not_planned(v)
+        if reason:
+            out.append(VariablePlan(v.key, v.channel, family.kind, not_planned=reason))
             continue
         if v.key not in domains:
-            out.append(VariablePlan(v.key, v.channel, kind, not_planned="the domain is not declared (`categories:`), "
+            out.append(VariablePlan(v.key, v.channel, family.kind, not_planned="the domain is not declared (`categories:`), "
                                     "and the source was not opened"))
             continue
         cats, how = domains[v.key]
         n, n_from = n_of[v.key]
-        if kind == "categorical":
-            out.append(_plan_categorical(spec, i, v, tuple(cats), how, n, n_from))
-        else:
-            out.append(_plan_group(spec, i, v, [list(c) for c in cats], how, n, n_from))
+        out.append(family.plan_variable(spec, i, v, cats, how, n, n_from,
+                                        None if v.target_details is None else target_note(spec, v)))
     return AccuracyPlan(str(spec.path), spec.release, spec.confidence, out, read)
 
 
@@ -574,67 +393,27 @@ def planned_largest_halfwidths(spec: ReleaseSpec, i: int, v, cats, n: float,
     """{the variable, or each attribute of a group: its largest interval half-width at the spec's ε under the
     public planning prior}, for n records and the domain `cats` (a group: one list per attribute); NaN where the
     channel is singular. Only the spec's ε: no grid."""
-    z = z_value(spec.confidence if confidence is None else confidence)
-    if family_of(v).kind == "group":
-        entry, cats = entry_of(v), [list(c) for c in cats]
-        ch = entry.planning_channel(spec, i, v, cats, v.epsilon)
-        return {attr: z * math.sqrt(float(np.max(entry.planning_variance(ch, (j,), np.full(len(c), 1.0 / len(c)),
-                                                                            n)[0])))
-                for j, (attr, c) in enumerate(zip(v.columns, cats))}
-    if len(cats) < 2:
-        return {v.key: 0.0}
-    shares, build = _planning_channels(spec, i, v, tuple(cats))
-    var = entry_of(v).planning_variance(build(None), shares, n)
-    return {v.key: math.nan if var is None else z * math.sqrt(float(np.max(var)))}
+    return family_of(v).planned_largest_halfwidths(spec, i, v, cats, n,
+                                                   z_value(spec.confidence if confidence is None else confidence))
 
 
-def group_attribute_counts(spec: ReleaseSpec, v, profile) -> list[np.ndarray]:
-    """The source's counts of each attribute of a group over its categories (the profile's order): from the
-    profile's codes when it kept them, else by reading the group's columns again (the profile keeps only the
-    domains)."""
-    gp = profile.groups[v.key]
-    if gp.codes is not None:
-        codes = np.asarray(gp.codes)
-        return [np.bincount(codes[:, j], minlength=len(c)).astype(float) for j, c in enumerate(gp.categories)]
+def count_source_columns(spec: ReleaseSpec, columns: list[str]) -> list[Counter]:
+    """The source's counts of the values of each column (confidential), read again chunk by chunk."""
     from pram_lib.pipeline import stream
 
-    found = [Counter() for _ in v.columns]
+    found = [Counter() for _ in columns]
     for _, df in stream.iter_chunks(spec):
-        for j, column in enumerate(v.columns):
+        for j, column in enumerate(columns):
             found[j] += count_values(df, [column])
-    out = []
-    for j, c in enumerate(gp.categories):
-        index = {x: k for k, x in enumerate(c)}
-        counts = np.zeros(len(c))
-        for key, rows in found[j].items():
-            counts[index[MISSING if key[0] is None else str(key[0])]] += rows
-        out.append(counts)
-    return out
+    return found
 
 
-def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile) -> dict[str, float]:
+def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile, reread: bool = True) -> dict[str, float]:
     """{the variable, or each attribute of a group: its largest interval half-width at the source's shares
-    through the channels chosen} (confidential: it reads the profile). Strata add as the report's totals do:
-    Var = Σ_s (n_s/n)² Var_s."""
-    z = z_value(spec.confidence)
-    if family_of(v).kind == "group":
-        (a,) = assignments
-        entry, ch = entry_of(v), a.channel
-        return {attr: z * math.sqrt(float(np.max(entry.planning_variance(ch, (j,), counts / counts.sum(),
-                                                                            counts.sum())[0])))
-                for j, (attr, counts) in enumerate(zip(ch.attributes, group_attribute_counts(spec, v, profile)))}
-    vp = profile.variables[v.column]
-    parts = []
-    for a in assignments:
-        counts = np.asarray(vp.counts[a.stratum], dtype=float)
-        if counts.sum() > 0:
-            parts.append((counts.sum(), entry_of(v).planning_variance(a.channel, counts / counts.sum(),
-                                                                      counts.sum())))
-    total = sum(n_s for n_s, _ in parts)
-    if not parts or any(var is None for _, var in parts):
-        return {v.key: math.nan}
-    var = sum((n_s / total) ** 2 * var for n_s, var in parts)
-    return {v.key: z * math.sqrt(float(np.max(var)))}
+    through the channels chosen} (confidential: it reads the profile, and the source again where the profile does
+    not hold the shares, unless reread=False: then {} for such a variable)."""
+    source = (lambda columns: count_source_columns(spec, columns)) if reread else None
+    return family_of(v).true_share_halfwidths(spec, v, assignments, profile, z_value(spec.confidence), source)
 
 
 def accuracy_lines(spec: ReleaseSpec, profile, assignments: list) -> list[str]:
@@ -648,18 +427,14 @@ def accuracy_lines(spec: ReleaseSpec, profile, assignments: list) -> list[str]:
     rows, notes = [], []
     for i, v in enumerate(spec.variables):
         mine = [a for a in assignments if a.column == v.key]
-        kind = family_of(v).kind
-        if kind == "continuous":
-            rows.append((v.key, "", "not planned (noise calibrated on the data)", ""))
+        family = family_of(v)
+        reason = family.not_planned(v, brief=True)
+        if reason:
+            rows.append((v.key, "", f"not planned ({reason})", ""))
             continue
         if not mine:
             continue
-        if kind == "group":
-            cats = profile.groups[v.key].categories
-            n_source = float(profile.n_rows)
-        else:
-            cats = profile.variables[v.column].categories
-            n_source = float(sum(np.sum(c) for c in profile.variables[v.column].counts.values()))
+        cats, n_source = family.profile_domain(v, profile)
         n = n_of.get(v.key, (n_source, ""))[0]
         if v.key not in n_of:
             notes.append(v.key)
@@ -671,7 +446,7 @@ def accuracy_lines(spec: ReleaseSpec, profile, assignments: list) -> list[str]:
             continue
         actual = true_share_halfwidths(spec, v, mine, profile)
         for name in planned:
-            rows.append((name if kind == "categorical" else f"{v.key}:{name}", f"{eps:.4g}", f"{planned[name]:.5f}",
+            rows.append((family.accuracy_name(v, name), f"{eps:.4g}", f"{planned[name]:.5f}",
                          f"{actual.get(name, math.nan):.5f}"))
     if not rows:
         return []
@@ -751,7 +526,7 @@ def render(plan: AccuracyPlan) -> str:
         tables = [e for e in vp.estimands if e.kind == "table"]
         at = vp.spec_epsilon
         for est in shares:
-            head = "category" if vp.kind == "categorical" else est.name
+            head = est.name if vp.shares_named else "category"
             width = min(max([len(head)] + [len(lab[0]) for lab in est.labels]), 30)
             L.append(f"  {head:<{width}} {'share':>8} {'se':>9} {hw:>9}")
             for lab, p, se in zip(est.labels, est.planning, est.se[at]):
@@ -794,7 +569,7 @@ def _curve(vp: VariablePlan, confidence: float, path: Path) -> None:
             for c, est in enumerate(ests):
                 xs = np.array(vp.grid)
                 big, med = np.array([_summary([est], x, z) for x in xs]).T
-                name = "" if vp.kind == "categorical" else f"{plot_label(est.name)}: "
+                name = f"{plot_label(est.name)}: " if vp.shares_named else ""
                 color = f"C{c % 10}"
                 if np.allclose(big, med, rtol=1e-9, equal_nan=True):   # every cell alike (a uniform prior)
                     ax.plot(xs, big, "o-", color=color, label=f"{name}every cell" if name else "every cell")
@@ -814,7 +589,7 @@ def _curve(vp: VariablePlan, confidence: float, path: Path) -> None:
                 ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_yscale("log")
             spent = f" (spent: + {vp.extra_epsilon:g})" if vp.extra_epsilon else ""
-            ax.set_xlabel(("ε of the channel" if vp.kind == "categorical" else "ε of the group's release") + spent)
+            ax.set_xlabel(vp.epsilon_label + spent)
             ax.set_ylabel(f"{_pct(confidence)} interval half-width")
             ax.set_title(f"{plot_label(vp.key)}: {title}, n = {vp.rows:,}", fontsize=10)
             ax.grid(True, which="both", alpha=0.3)

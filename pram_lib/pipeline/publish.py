@@ -409,12 +409,11 @@ def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: 
     rows = []
     for i, v in enumerate(spec.variables):
         alist = [a for a in assignments if a.column == v.key]
-        kind = family_of(v).kind
-        if kind == "continuous" or not alist or overall.empty:
+        if not alist or overall.empty:
             continue
-        ch = alist[0].channel
-        names, cats = (list(ch.attributes), [list(c) for c in ch.categories]) if kind == "group" else \
-            ([v.key], list(ch.categories))
+        names, cats = family_of(v).released_estimands(v, alist[0].channel)
+        if not names:   # not planned (noise calibrated on the data)
+            continue
         got = {name: overall[overall["variable"] == name] for name in names}
         n = next((float(g["n"].iloc[0]) for g in got.values() if not g.empty), 0.0)
         if not n > 0:
@@ -524,17 +523,15 @@ def internal_accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], 
                               overall: pd.DataFrame) -> list[str]:
     """The largest interval half-width predicted at the source's shares through the released channels, beside
     the achieved one (confidential: it reads the profile). A group's attributes only when the profile kept its
-    rows (else its shares would need another pass over the source)."""
+    rows (else its shares would need another pass over the source: reread=False)."""
     from pram_lib.pipeline.plan import true_share_halfwidths
 
     z, hw, rows = z_value(spec.confidence), f"±{pct(spec.confidence)}", []
     for v in spec.variables:
         alist = [a for a in assignments if a.column == v.key]
-        kind = family_of(v).kind
-        if kind == "continuous" or not alist or overall.empty or \
-                (kind == "group" and profile.groups[v.key].codes is None):
+        if not alist or overall.empty:
             continue
-        for name, predicted in true_share_halfwidths(spec, v, alist, profile).items():
+        for name, predicted in true_share_halfwidths(spec, v, alist, profile, reread=False).items():
             got = overall[overall["variable"] == name]
             achieved = z * float(got["se"].max()) if not got.empty else float("nan")
             rows.append(f"| `{name}` | {predicted:.5f} | {achieved:.5f} |")
