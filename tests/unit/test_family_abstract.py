@@ -21,6 +21,8 @@ def test_every_method_the_engine_calls_is_abstract():
     public = {n for n, f in vars(Family).items() if inspect.isfunction(f) and not n.startswith("_")}
     assert public == set(ENGINE_METHODS)
     assert {"choose", "perturb_chunk", "clean", "continuous", "utility_rows", "describe"} <= public
+    assert {"not_planned", "plan_variable", "planning_curve", "planned_largest_halfwidths", "true_share_halfwidths",
+            "released_estimands"} <= public   # the planner and the reports ask the driver, never its kind
 
 
 @pytest.mark.parametrize("driver", [type(f) for f in REGISTRY], ids=lambda c: c.__name__)
@@ -30,7 +32,8 @@ def test_each_driver_defines_every_method_itself(driver):
     assert mine == set(ENGINE_METHODS), sorted(set(ENGINE_METHODS) - mine)
 
 
-@pytest.mark.parametrize("missing", ["clean", "continuous", "utility_rows", "choose"])
+@pytest.mark.parametrize("missing", ["clean", "continuous", "utility_rows", "choose", "plan_variable",
+                                     "planning_curve", "true_share_halfwidths", "released_estimands"])
 def test_a_driver_lacking_a_method_cannot_be_instantiated(missing):
     Lacking = type("Lacking", (Family,), {k: v for k, v in vars(Group).items() if k != missing})
     with pytest.raises(TypeError, match=missing):
