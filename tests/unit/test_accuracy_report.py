@@ -21,7 +21,7 @@ import pytest
 from flows.cli import main
 from local_release import publish_locally
 from pram_lib.channels.pram import optimal_pram
-from pram_lib.pipeline import release, stream
+from pram_lib.pipeline import publish, release, stream
 from pram_lib.pipeline.plan import resolve_targets, true_share_halfwidths
 from pram_lib.spec import load_spec
 from test_plan import simulated_sd
@@ -160,6 +160,24 @@ def test_check_prints_planned_and_true_share_half_widths(released, capsys):
         assert cells[2] == f"{plan:.5f}" and cells[3] == f"{true:.5f}", (name, cells)
     assert "not planned" in " ".join(lines["inc"])
     assert "no `rows:`" not in printed                              # planned at the spec's rows (= N here)
+
+
+def test_the_internal_report_predicts_at_the_source_shares_without_reading_the_source_again(released, monkeypatch):
+    """The internal report's section: a at its source shares (K-ary RR closed form); the group's attributes are
+    left out (its profile kept no rows, and the report does not read the source a second time)."""
+    path, out = released
+    spec = resolve_targets(load_spec(path))
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 5))
+    assert profile.groups["grp"].codes is None
+    est = pd.read_csv(out.folder / "estimates.csv")
+    est = est[est["stratum"] == "all"]
+    monkeypatch.setattr(stream, "iter_chunks", lambda *a, **k: pytest.fail("the source was read again"))
+    lines = publish.internal_accuracy_section(spec, out.assignments, profile, est)
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2:4] for line in lines if line.startswith("| `")}
+    assert set(rows) == {"a", "b"}
+    share_a = pd.read_csv(path.parent / "src.csv")["a"].value_counts(normalize=True).sort_index().to_numpy()
+    assert float(rows["a"][0]) == pytest.approx(krr_halfwidth(share_a, 4, math.log(3.0), N), abs=6e-6)
+    assert float(rows["a"][1]) == pytest.approx(Z * est[est["variable"] == "a"]["se"].max(), abs=6e-6)
 
 
 def test_check_on_the_adult_spec(tmp_path, capsys):
