@@ -377,8 +377,8 @@ def plan_release(spec: ReleaseSpec, rows: int | None = None, read_source: bool =
             out.append(VariablePlan(v.key, v.channel, family.kind, not_planned=reason))
             continue
         if v.key not in domains:
-            out.append(VariablePlan(v.key, v.channel, family.kind, not_planned="the domain is not declared (`categories:`), "
-                                    "and the source was not opened"))
+            out.append(VariablePlan(v.key, v.channel, family.kind, not_planned="the domain is not declared "
+                                    "(`categories:`), and the source was not opened"))
             continue
         cats, how = domains[v.key]
         n, n_from = n_of[v.key]
