@@ -408,12 +408,12 @@ def count_source_columns(spec: ReleaseSpec, columns: list[str]) -> list[Counter]
     return found
 
 
-def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile, reread: bool = True) -> dict[str, float]:
+def true_share_halfwidths(spec: ReleaseSpec, v, assignments: list, profile) -> dict[str, float]:
     """{the variable, or each attribute of a group: its largest interval half-width at the source's shares
     through the channels chosen} (confidential: it reads the profile, and the source again where the profile does
-    not hold the shares, unless reread=False: then {} for such a variable)."""
-    source = (lambda columns: count_source_columns(spec, columns)) if reread else None
-    return family_of(v).true_share_halfwidths(spec, v, assignments, profile, z_value(spec.confidence), source)
+    not hold the shares)."""
+    return family_of(v).true_share_halfwidths(spec, v, assignments, profile, z_value(spec.confidence),
+                                              lambda columns: count_source_columns(spec, columns))
 
 
 def accuracy_lines(spec: ReleaseSpec, profile, assignments: list) -> list[str]:

@@ -398,10 +398,10 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
 
 def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame) -> list[str]:
     """## Accuracy: planned and achieved. Per categorical variable and group attribute: ε, the largest interval
-    half-width planned under the public planning prior (pram_lib.pipeline.plan, at the released n and domain: both
-    published), the largest achieved (z × se of estimates.csv) and their ratio. Reads no confidential data."""
+    half-width planned under the public planning prior (the kind driver's planned_largest_halfwidths, as
+    `pram-release plan` predicts it, at the released n and domain: both published), the largest achieved (z × se
+    of estimates.csv) and their ratio. Reads no confidential data."""
     from pram_lib.core.estimate import NonIdentifiableError
-    from pram_lib.pipeline.plan import planned_largest_halfwidths
     from pram_lib.spec import SpecError
 
     z, hw = z_value(spec.confidence), f"±{pct(spec.confidence)}"
@@ -411,7 +411,8 @@ def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: 
         alist = [a for a in assignments if a.column == v.key]
         if not alist or overall.empty:
             continue
-        names, cats = family_of(v).released_estimands(v, alist[0].channel)
+        family = family_of(v)
+        names, cats = family.released_estimands(v, alist[0].channel)
         if not names:   # not planned (noise calibrated on the data)
             continue
         got = {name: overall[overall["variable"] == name] for name in names}
@@ -419,7 +420,8 @@ def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: 
         if not n > 0:
             continue
         try:
-            planned = {} if any(a.public for a in alist) else planned_largest_halfwidths(spec, i, v, cats, n)
+            planned = {} if any(a.public for a in alist) else \
+                family.planned_largest_halfwidths(spec, i, v, cats, n, z)
         except (SpecError, ValueError, NonIdentifiableError):   # a channel the planning prior cannot build
             planned = {}
         eps = max(a.channel.epsilon for a in alist)
@@ -523,15 +525,14 @@ def internal_accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], 
                               overall: pd.DataFrame) -> list[str]:
     """The largest interval half-width predicted at the source's shares through the released channels, beside
     the achieved one (confidential: it reads the profile). A group's attributes only when the profile kept its
-    rows (else its shares would need another pass over the source: reread=False)."""
-    from pram_lib.pipeline.plan import true_share_halfwidths
-
+    rows (else its shares would need another pass over the source, which the report does not make)."""
     z, hw, rows = z_value(spec.confidence), f"±{pct(spec.confidence)}", []
     for v in spec.variables:
         alist = [a for a in assignments if a.column == v.key]
         if not alist or overall.empty:
             continue
-        for name, predicted in true_share_halfwidths(spec, v, alist, profile, reread=False).items():
+        predicted_at = family_of(v).true_share_halfwidths(spec, v, alist, profile, z, source_counts=None)
+        for name, predicted in predicted_at.items():
             got = overall[overall["variable"] == name]
             achieved = z * float(got["se"].max()) if not got.empty else float("nan")
             rows.append(f"| `{name}` | {predicted:.5f} | {achieved:.5f} |")
