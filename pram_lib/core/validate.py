@@ -93,8 +93,8 @@ def _share_compiled_templates() -> None:
 
 
 def warm_up() -> None:
-    """Run a small suite with Data Docs once (the warm runner does, so that its forks start with GX's
-    templates compiled and its lazy imports done)."""
+    """Run a small suite with Data Docs once (a helper process does before its first job, so that the release's
+    suite finds GX's templates compiled and its lazy imports done)."""
     with tempfile.TemporaryDirectory(prefix="gx-warm-up-") as folder:
         validate_table(pd.DataFrame({"c": pd.Categorical(["a", "b"] * 50)}),
                        {"c": {"kind": "categorical", "domain": ["a", "b"], "max_missing": 0}}, 100, Path(folder))

@@ -242,8 +242,9 @@ def _bars(ax, centres, heights, color: str, label: str, width: float = 0.4):
 
 
 def warm_up_plots() -> None:
-    """Draw one plot into a throw-away folder. The warm runner does this once, so that its forks start with
-    matplotlib's fonts loaded and its text caches filled (a process's first plots cost ~0.6 s more)."""
+    """Draw one plot into a throw-away folder. A helper process does this before its first job, so that the
+    release's plots find matplotlib's fonts loaded and its text caches filled (a process's first plots cost
+    ~0.6 s more)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="plots-warm-up-") as folder:

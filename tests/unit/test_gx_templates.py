@@ -1,4 +1,4 @@
-"""GX's Data Docs templates are compiled once per process (the warm runner compiles them before forking):
+"""GX's Data Docs templates are compiled once per process (a helper process compiles them before its first job):
 a second suite compiles none, and its Data Docs are the same pages."""
 
 import jinja2
