@@ -1,0 +1,122 @@
+"""The release's helper processes (pram_lib/pipeline/sidecar.py): a spawn-started ProcessPoolExecutor whose
+workers never hold Prefect; results and errors come back as if the call ran here; a dead worker is a clear,
+public error; workers end with the process that started them; without helpers the work runs here."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pram_lib.pipeline import sidecar
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow   # each pool spawns an interpreter that imports GX and matplotlib
+
+
+def _prefect_loaded() -> bool:
+    return "prefect" in sys.modules
+
+
+def _kill_myself() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def helpers():
+    """One pool for the module's tests (a spawned worker imports GX and matplotlib: seconds of CPU)."""
+    with sidecar.Helpers() as started:
+        yield started
+
+
+def test_the_pool_spawns_and_its_worker_never_imports_prefect(helpers):
+    import prefect  # noqa: F401  (the release's process has imported Prefect: the worker must not inherit it)
+
+    assert helpers.pool is not None
+    assert helpers.pool._mp_context.get_start_method() == "spawn"   # never fork
+    assert sidecar.collect(helpers.submit(_prefect_loaded), "the check") is False
+    assert sidecar.collect(helpers.submit(os.getppid), "the check") == os.getpid()   # a child of this process
+
+
+def test_results_and_errors_come_back_as_if_run_here(helpers):
+    assert helpers.submit(math.sqrt, 16.0).result() == 4.0
+    with pytest.raises(ValueError, match="math domain error"):
+        helpers.submit(math.sqrt, -1.0).result()
+    assert helpers.submit(math.sqrt, 9.0).result() == 3.0   # and the worker keeps serving
+
+
+def test_a_dead_worker_is_a_public_error_naming_the_work():
+    """SIGKILL (the out-of-memory killer) in the middle of a job: HelperDied, public text, not a hang."""
+    from tasks.privacy import StepFailed
+
+    with sidecar.Helpers() as helpers:
+        with pytest.raises(sidecar.HelperDied, match="the report's plots ended abruptly; nothing was published") as err:
+            sidecar.collect(helpers.submit(_kill_myself), "the report's plots")
+    wrapped = StepFailed.wrap(err.value, "estimate")
+    assert wrapped.user_error and wrapped.public == str(err.value)   # may reach Prefect as it is
+
+
+def test_without_helpers_the_call_runs_here(monkeypatch):
+    with sidecar.Helpers(enabled=False) as off:
+        assert off.pool is None
+        assert off.submit(os.getpid).result() == os.getpid()
+        with pytest.raises(ZeroDivisionError):
+            off.submit(lambda: 1 / 0).result()   # a local function: no pickling needed here
+    monkeypatch.setenv("PRAM_NO_SIDECAR", "1")
+    with sidecar.Helpers() as off:
+        assert off.pool is None
+
+
+def test_leaving_the_block_waits_for_the_job_under_way_and_cancels_the_rest(tmp_path):
+    """A failed run removes its staging folder after the block: nothing may write there afterwards."""
+    marker = tmp_path / "written"
+    with pytest.raises(RuntimeError):
+        with sidecar.Helpers() as helpers:
+            helpers.submit(time.sleep, 0.0).result()   # the worker is up
+            running = helpers.submit(_sleep_then_write, 1.0, str(marker))
+            queued = [helpers.submit(_sleep_then_write, 0.5, str(tmp_path / f"queued-{i}")) for i in range(3)]
+            time.sleep(0.2)
+            raise RuntimeError("a step failed")
+    assert running.done() and marker.exists()   # finished before the block was left
+    written = sorted(tmp_path.iterdir())
+    # the pool hands one job more than it has workers to its call queue ahead (EXTRA_QUEUED_CALLS): that one
+    # runs before shutdown returns; the rest are cancelled
+    assert sum(q.cancelled() for q in queued) >= len(queued) - 1
+    assert all(q.done() for q in queued)
+    time.sleep(1.5)
+    assert sorted(tmp_path.iterdir()) == written   # nothing written after the block was left
+
+
+def _sleep_then_write(seconds: float, path: str) -> None:
+    time.sleep(seconds)
+    Path(path).write_text("x")
+
+
+def test_the_worker_dies_with_the_process_that_started_it():
+    """A SIGKILLed release must not leave a helper writing into its staging folder (PR_SET_PDEATHSIG)."""
+    script = ("import os, time; from pram_lib.pipeline import sidecar\n"
+              "h = sidecar.Helpers(); h.__enter__()\n"
+              "print(h.submit(os.getpid).result(), flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 20   # a guard only: the kernel kills it at once
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{child}/stat").read_text().split(") ")[1].startswith("Z"):
+            return   # dead, waiting for init to reap it
+        time.sleep(0.1)
+    pytest.fail(f"helper {child} outlived its killed parent")
