@@ -17,8 +17,11 @@ Without helpers (tests, notebooks, PRAM_NO_SIDECAR=1), `submit` runs the functio
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
+import types
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
@@ -64,7 +67,8 @@ class Helpers:
                                             initargs=(os.getpid(), WARM_MODULES, WARM_UPS))
             # The pool starts its workers at the first submit: now, from the thread that runs the release (the
             # workers' PR_SET_PDEATHSIG fires when the thread that started them ends).
-            self.pool.submit(os.getpid)
+            with no_main_module():
+                self.pool.submit(os.getpid)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -86,6 +90,20 @@ class Helpers:
                 done.set_exception(exc)
             return done
         return self.pool.submit(fn, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def no_main_module():
+    """Processes spawned inside do not import this process's __main__. A spawned child runs the parent's main
+    module again as __mp_main__ (multiprocessing.spawn.get_preparation_data); under a deployment's process
+    worker that is `python -m prefect.engine`, which would import Prefect into the helper. The helper's jobs are
+    module-level functions of pram_lib: it needs no main module."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def collect(job: Future, what: str) -> Any:

@@ -120,3 +120,20 @@ def test_the_worker_dies_with_the_process_that_started_it():
             return   # dead, waiting for init to reap it
         time.sleep(0.1)
     pytest.fail(f"helper {child} outlived its killed parent")
+
+
+def test_a_helper_started_under_python_m_prefect_engine_does_not_import_prefect(tmp_path):
+    """A deployment's process worker runs `python -m prefect.engine`; a spawned child would run that main module
+    again (as __mp_main__) and import Prefect, unless the pool starts without it (sidecar.no_main_module)."""
+    (tmp_path / "engine_like.py").write_text(
+        "import prefect  # noqa: F401  (like prefect.engine)\n"
+        "from pram_lib.pipeline import sidecar\n"
+        "from test_helpers import _prefect_loaded\n"
+        "if __name__ == '__main__':\n"
+        "    with sidecar.Helpers() as helpers:\n"
+        "        print('worker has prefect:', helpers.submit(_prefect_loaded).result(), flush=True)\n")
+    path = os.pathsep.join([str(tmp_path), str(ROOT / "tests" / "unit"), str(ROOT)])
+    out = subprocess.run([sys.executable, "-m", "engine_like"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "worker has prefect: False" in out.stdout
