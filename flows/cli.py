@@ -152,6 +152,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: no Prefect server answers at PREFECT_API_URL={api}. Fix: start one with `pram-release ui` "
               "(and export the URL it prints), or unset PREFECT_API_URL for a temporary server", file=sys.stderr)
         return 2
+    from pram_lib.pipeline import sidecar
+
+    with sidecar.started_ahead():   # the helper imports GX while this process imports Prefect
+        return _run(spec, args)
+
+
+def _run(spec: Path, args: argparse.Namespace) -> int:
     from flows.release import one_blas_thread, run_release, warm_prefect
     warm_prefect()
     one_blas_thread()

@@ -18,6 +18,7 @@ Without helpers (tests, notebooks, PRAM_NO_SIDECAR=1), `submit` runs the functio
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import signal
 import sys
@@ -35,6 +36,10 @@ WARM_UPS = ("pram_lib.core.validate:warm_up", "pram_lib.pipeline.publish:warm_up
 # One worker: the suite, then the plots. On 2 cores a second interpreter importing pandas, scipy and pram_lib
 # again cost more CPU than it saved (measured before: demo wall 7.1 -> 7.9 s).
 HELPER_WORKERS = 1
+
+
+# Module-level state: helpers a caller started ahead of its release (started_ahead), until the release takes them.
+_AHEAD: contextvars.ContextVar["Helpers | None"] = contextvars.ContextVar("pram_helpers_ahead", default=None)
 
 
 class HelperDied(RuntimeError):
@@ -59,6 +64,10 @@ class Helpers:
         self.pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> "Helpers":
+        ahead = _AHEAD.get()
+        if self.enabled and ahead is not None and ahead.pool is not None:   # started by the caller: taken over
+            self.pool, ahead.pool = ahead.pool, None
+            return self
         if self.enabled:
             import multiprocessing
 
@@ -90,6 +99,20 @@ class Helpers:
                 done.set_exception(exc)
             return done
         return self.pool.submit(fn, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def started_ahead():
+    """Start the helpers now, for the release run inside this block (its :class:`Helpers` takes them over), so
+    that their imports overlap the caller's own (the CLI starts them before it imports Prefect); ended on
+    leaving the block whatever happened."""
+    helpers = Helpers().__enter__()
+    token = _AHEAD.set(helpers)
+    try:
+        yield helpers
+    finally:
+        _AHEAD.reset(token)
+        helpers.close()
 
 
 @contextlib.contextmanager

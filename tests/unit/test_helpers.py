@@ -137,3 +137,15 @@ def test_a_helper_started_under_python_m_prefect_engine_does_not_import_prefect(
                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "worker has prefect: False" in out.stdout
+
+
+def test_helpers_started_ahead_are_taken_over_by_the_release():
+    """The CLI starts the helper before it imports Prefect; the release's Helpers uses that worker (no second
+    interpreter importing GX) and ends it."""
+    with sidecar.started_ahead() as ahead:
+        worker = ahead.submit(os.getpid).result()
+        with sidecar.Helpers() as release:
+            assert ahead.pool is None and release.submit(os.getpid).result() == worker
+        assert release.pool is None
+    with sidecar.Helpers(enabled=False) as off:   # outside the block: nothing left to take over
+        assert off.pool is None
