@@ -39,7 +39,9 @@ def test_the_pool_spawns_and_its_worker_never_imports_prefect(helpers):
     import prefect  # noqa: F401  (the release's process has imported Prefect: the worker must not inherit it)
 
     assert helpers.pool is not None
-    assert helpers.pool._mp_context.get_start_method() == "spawn"   # never fork
+    worker = helpers.submit(os.getpid).result()
+    command = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+    assert any(b"multiprocessing.spawn import spawn_main" in part for part in command), command   # never a fork
     assert sidecar.collect(helpers.submit(_prefect_loaded), "the check") is False
     assert sidecar.collect(helpers.submit(os.getppid), "the check") == os.getpid()   # a child of this process
 
