@@ -168,6 +168,10 @@ def _run(spec: Path, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         folder = run_release(str(spec.resolve()), seed=args.seed, engine=args.engine)
+    except KeyboardInterrupt:   # Ctrl-C: the flow cleaned up before it let the interrupt through
+        print("interrupted: the run stopped and was cleaned up (staging folder removed, ε reservation settled or "
+              "cancelled, audit entry written; see the run's summary in the Prefect UI)", file=sys.stderr)
+        return 130
     except (SpecError, StepFailed) as exc:
         return _report_failure(exc)
     except Exception as exc:
