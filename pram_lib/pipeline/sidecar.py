@@ -30,9 +30,6 @@ from typing import Any, Callable
 # What a worker imports before its first job (the GX suite's and the plots' modules).
 WARM_MODULES = ("great_expectations", "great_expectations.expectations", "pram_lib.core.validate",
                 "pram_lib.pipeline.publish", "matplotlib.figure", "matplotlib.backends.backend_agg")
-# Run once in a worker before its first job, while the release reads: a process's first suite compiles GX's
-# Data Docs templates and its first plots load matplotlib's fonts (~0.6 s more).
-WARM_UPS = ("pram_lib.core.validate:warm_up", "pram_lib.pipeline.publish:warm_up_plots")
 # One worker: the suite, then the plots. On 2 cores a second interpreter importing pandas, scipy and pram_lib
 # again cost more CPU than it saved (measured before: demo wall 7.1 -> 7.9 s).
 HELPER_WORKERS = 1
@@ -73,7 +70,7 @@ class Helpers:
 
             self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=prepare_worker,
-                                            initargs=(os.getpid(), WARM_MODULES, WARM_UPS))
+                                            initargs=(os.getpid(), WARM_MODULES))
             # The pool starts its workers at the first submit: now, from the thread that runs the release (the
             # workers' PR_SET_PDEATHSIG fires when the thread that started them ends).
             with no_main_module():
@@ -137,18 +134,15 @@ def collect(job: Future, what: str) -> Any:
         raise HelperDied(what) from exc
 
 
-def prepare_worker(parent: int, modules: tuple[str, ...], warm_ups: tuple[str, ...] = ()) -> None:
-    """A helper's initializer: end with the release's process, leave Ctrl-C to it, import `modules`, run the
-    `warm_ups` ("module:function")."""
+def prepare_worker(parent: int, modules: tuple[str, ...]) -> None:
+    """A helper's initializer: end with the release's process, leave Ctrl-C to it, import `modules`. (No warm-up
+    suite or plot: in a helper that serves one release it would be work done twice.)"""
     import importlib
 
     die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the release's process shuts the pool down on Ctrl-C
     for name in modules:
         importlib.import_module(name)
-    for name in warm_ups:
-        module, function = name.split(":")
-        getattr(importlib.import_module(module), function)()
 
 
 def die_with(parent: int) -> None:
