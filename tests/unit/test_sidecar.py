@@ -130,7 +130,7 @@ def test_a_helper_started_under_python_m_prefect_engine_does_not_import_prefect(
     (tmp_path / "engine_like.py").write_text(
         "import prefect  # noqa: F401  (like prefect.engine)\n"
         "from pram_lib.pipeline import sidecar\n"
-        "from test_helpers import _prefect_loaded\n"
+        "from test_sidecar import _prefect_loaded\n"
         "if __name__ == '__main__':\n"
         "    with sidecar.Helpers() as helpers:\n"
         "        print('worker has prefect:', helpers.submit(_prefect_loaded).result(), flush=True)\n")
