@@ -95,7 +95,12 @@ class Helpers:
             except Exception as exc:
                 done.set_exception(exc)
             return done
-        return self.pool.submit(fn, *args, **kwargs)
+        try:
+            return self.pool.submit(fn, *args, **kwargs)
+        except BrokenProcessPool as exc:   # the worker died earlier: said by `collect`, like a death mid-job
+            failed: Future = Future()
+            failed.set_exception(exc)
+            return failed
 
 
 @contextlib.contextmanager

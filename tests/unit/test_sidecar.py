@@ -60,6 +60,8 @@ def test_a_dead_worker_is_a_public_error_naming_the_work():
     with sidecar.Helpers() as helpers:
         with pytest.raises(sidecar.HelperDied, match="the report's plots ended abruptly; nothing was published") as err:
             sidecar.collect(helpers.submit(_kill_myself), "the report's plots")
+        with pytest.raises(sidecar.HelperDied, match="the Great Expectations suite ended abruptly"):
+            sidecar.collect(helpers.submit(math.sqrt, 4.0), "the Great Expectations suite")   # a later job too
     wrapped = StepFailed.wrap(err.value, "estimate")
     assert wrapped.user_error and wrapped.public == str(err.value)   # may reach Prefect as it is
 
