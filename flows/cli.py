@@ -152,14 +152,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: no Prefect server answers at PREFECT_API_URL={api}. Fix: start one with `pram-release ui` "
               "(and export the URL it prints), or unset PREFECT_API_URL for a temporary server", file=sys.stderr)
         return 2
-    from flows import runner
-
-    if runner.LAST_ANSWER.get("why"):
-        print(f"note: the warm runner did not take this run: {runner.LAST_ANSWER['why']}; it runs cold",
-              file=sys.stderr)
     from pram_lib.pipeline import sidecar
 
-    sidecar.start()   # it imports Great Expectations while this process imports Prefect
+    with sidecar.started_ahead():   # the helper imports GX while this process imports Prefect
+        return _run(spec, args)
+
+
+def _run(spec: Path, args: argparse.Namespace) -> int:
     from flows.release import one_blas_thread, run_release, warm_prefect
     warm_prefect()
     one_blas_thread()
@@ -169,6 +168,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         folder = run_release(str(spec.resolve()), seed=args.seed, engine=args.engine)
+    except KeyboardInterrupt:   # Ctrl-C: the flow cleaned up before it let the interrupt through
+        print("interrupted: the run stopped and was cleaned up (staging folder removed, ε reservation settled or "
+              "cancelled, audit entry written; see the run's summary in the Prefect UI)", file=sys.stderr)
+        return 130
     except (SpecError, StepFailed) as exc:
         return _report_failure(exc)
     except Exception as exc:
@@ -183,9 +186,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"flow time: {flow_time:.1f} s")
     if args.timings:
         print_timings(flow_time)
-        print("started in the warm runner (its imports done before the run)" if runner.IN_RUNNER else
-              "started cold: " + (runner.LAST_ANSWER.get("why") or "no warm runner for this Prefect API "
-                                  "(`pram-release ui` starts one)"))
     return 0
 
 
@@ -298,7 +298,6 @@ def _not_our_server(pid: int, port: int | None, home: Path) -> str | None:
 def cmd_ui(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     if args.stop:
-        stop_runner(home)
         pid_file = home / "server.pid"
         if not pid_file.exists():
             print(f"no server.pid in {home}: nothing to stop")
@@ -326,36 +325,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
         pid_file.unlink(missing_ok=True)
         print(f"server stopped (pid {pid})")
         return 0
-    from flows.runner import start_runner
-
     pid, url = start_server(home, args.port)
     ui = url.removesuffix("/api")
     print(f"Prefect UI: {ui}  (API {url}; database {home / 'prefect.db'}"
           f"{'' if pid is None else f'; pid {pid}, stop with: pram-release ui --stop'})")
-    if not args.no_runner:   # for the runs of this shell once it exports the URL below
-        runner_pid, said = start_runner(url, {**os.environ, "PREFECT_API_URL": url}, home / "runner.log")
-        if runner_pid is not None:
-            (home / "runner.pid").write_text(json.dumps({"pid": runner_pid, "port": args.port}))
-        print(said)
     print(f"export PREFECT_API_URL={url}")
     return 0
-
-
-def stop_runner(home: Path) -> None:
-    """Stop the warm runner `ui` started for `home` (a run under way goes on to its end)."""
-    pid_file = home / "runner.pid"
-    try:
-        pid = int(json.loads(pid_file.read_text())["pid"])
-        cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError, KeyError, TypeError):
-        pid_file.unlink(missing_ok=True)
-        return
-    from flows.runner import RUNNER_PROCESS
-
-    if RUNNER_PROCESS.encode() in cmdline:
-        os.kill(pid, 15)
-        print(f"runner stopped (pid {pid})")
-    pid_file.unlink(missing_ok=True)
 
 
 EXIT_FAIL, EXIT_AUDIT_NOT_CHECKED, EXIT_WARN = 1, 3, 4
@@ -493,8 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--home", default=".prefect-home")
     p.add_argument("--stop", action="store_true")
-    p.add_argument("--no-runner", action="store_true", help="do not start the warm runner beside the server (it "
-                   "holds the release's modules imported, so that `run` starts in a fraction of a second)")
     p.set_defaults(func=cmd_ui)
     p = sub.add_parser("verify", help="check a release against its manifest and the audit entry that vouches "
                        "for it; exit 0 OK, 1 FAIL, 3 AUDIT NOT CHECKED, 4 WARN")
@@ -507,12 +480,6 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_verify)
     _analyze_parser(sub)
     args = ap.parse_args(argv)
-    if args.cmd != "ui":   # the warm runner beside the server runs the command when it can stand in for us
-        from flows import runner
-
-        code = runner.delegate(sys.argv[1:] if argv is None else list(argv))   # None: no warm runner took it
-        if code is not None:
-            return code
     return args.func(args)
 
 

@@ -48,8 +48,7 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         engine: Overrides the spec's `engine.mode`: memory (one chunk in memory), stream (chunks on one core)
             or dask (chunks on a Dask cluster). Empty: the spec decides.
     """
-    run = ReleaseRun(spec_path)
-    try:
+    with ReleaseRun(spec_path) as run:   # whatever fails: staging removed, audited, reservation cancelled
         spec = run.loaded(load_spec_task(spec_path))
         start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
         reserve_budget_task(spec, run.run_id)         # population ε ledger: refused here, before any data is read
@@ -60,33 +59,28 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
         run.tag()
         run.published(_release(run, spec.on_engine(run.engine)))
         return run.finish()
-    except BaseException as exc:
-        sidecar.settle()   # nothing may still write into the staging folder the failure handling removes
-        sidecar.stop_chunk_workers()
-        raise run.fail(exc) from None
 
 
 def _release(run: ReleaseRun, spec) -> Path:
     """Two passes over the source's chunks (one chunk in memory; chunks on one core or mapped on Dask):
-    profile, choose, perturb and write, estimate, validate, publish."""
-    sidecar.start()   # GX and matplotlib load in sidecar processes while this one reads the data
-    seed = seed_task(spec, run.run_id, run.seed)
-    stream.prefetch(spec, sidecar.chunk_workers(), seed.value)   # the budget is reserved: workers may read now
-    stage = run.stage = stage_task(spec)
-    source_sha, refs = open_source_task(spec)
-    if run.engine == "dask":
-        with dask_runner(spec) as runner:
-            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner)
-    else:
-        profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None)
-    sidecar.stop_chunk_workers()   # and the chunks they kept
-    source_unchanged_task(spec, source_sha)
-    run.assignments = assignments
-    run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
-    estimates, distributions, jobs = estimate_task(spec, profile, plan, totals, stage)   # GX, plots: sidecar
-    validation = run.validated(validate_task(spec, profile, plan, totals, stage, jobs))
-    folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation, jobs,
-                                       run.started_at)
+    profile, choose, perturb and write, estimate, validate, publish. The helper process (GX, plots) starts
+    first, importing while this one reads; leaving the block, it has ended (its job under way finished first)."""
+    with sidecar.Helpers() as helpers:
+        seed = seed_task(spec, run.run_id, run.seed)
+        stage = run.stage = stage_task(spec)
+        source_sha, refs = open_source_task(spec)
+        if run.engine == "dask":
+            with dask_runner(spec) as runner:
+                profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner)
+        else:
+            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None)
+        source_unchanged_task(spec, source_sha)
+        run.assignments = assignments
+        run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
+        estimates, distributions, plot_files = estimate_task(spec, profile, plan, totals, stage, helpers)
+        validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers))
+        folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation,
+                                           plot_files, run.started_at)
     run.settle()
     internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation, folder.name)
     return folder
@@ -161,7 +155,7 @@ def warm_prefect() -> None:
 
 
 def one_blas_thread() -> None:
-    """numpy's and scipy's OpenBLAS on one thread in this process (and the processes it forks). A release runs
+    """numpy's and scipy's OpenBLAS on one thread in this process. A release runs
     its steps, GX and the plots in processes beside each other on the machine's cores; a second BLAS thread
     (the bootstrap bands' matrix product) only waited for a core and spun (measured at 10^7 rows on 2 cores:
     0.35 CPU-s more, flow 0.15 s longer). The libraries loaded so far are set; linux only, else nothing."""
@@ -184,12 +178,13 @@ def one_blas_thread() -> None:
                 break
 
 
-_NO_HEARTBEAT: list = []   # [(settings, the same with heartbeats off)]: one copy per settings object
+# Module-level state: [(settings, the same with heartbeats off)], the last copy made (one per settings object).
+_NO_HEARTBEAT: list = []
 
 
 def no_heartbeat_settings():
     """Prefect's current settings context, and its settings with flow-run heartbeats off (a copy takes ~25 ms,
-    so it is made once per settings object; the warm runner makes it before it forks runs).
+    so it is made once per settings object).
 
     No flow-run heartbeats in-process: Prefect joins its heartbeat thread at the end of a run, and that thread
     sleeps in 1 s steps (up to 1 s lost per release). A killed run is set Crashed by the next run's recovery

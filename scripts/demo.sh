@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT="${PRAM_UI_PORT:-4200}"
 BIN=.venv/bin
-# exported first: the warm runner `ui` starts beside the server serves runs with the environment it was given
+# exported first: the server and the run share the Prefect home and API
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 export PREFECT_HOME="$PWD/.prefect-home"
 # the demo's population (adult-1994) is registered in this checkout, not machine-wide: a second clone or a
@@ -13,4 +13,4 @@ export PRAM_RELEASE_HOME="$PWD/.pram-release-home"
 $BIN/pram-release ui --port "$PORT"
 $BIN/pram-release run specs/adult.yaml
 echo "Prefect UI: http://127.0.0.1:${PORT}  (flow runs, report/table/link artifacts)"
-echo "stop the server (and its warm runner) with: $BIN/pram-release ui --stop"
+echo "stop the server with: $BIN/pram-release ui --stop"

@@ -6,11 +6,11 @@ ends (`wait_posted`), so the UI shows every artifact of a finished run."""
 from __future__ import annotations
 
 import contextvars
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 POSTERS = 4
+# Module-level state: the poster threads (started at the first post) and the posts not yet waited for.
 _POSTER: ThreadPoolExecutor | None = None
 _PENDING: list[Future] = []
 
@@ -34,15 +34,6 @@ def _call_after(after: Future | None, fn: Callable, args: tuple, kwargs: dict) -
         except Exception:
             pass
     return fn(*args, **kwargs)
-
-
-def _forget_in_child() -> None:
-    """A forked child has none of its parent's poster threads: it starts its own."""
-    global _POSTER, _PENDING
-    _POSTER, _PENDING = None, []
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def wait_posted() -> list[str]:

@@ -11,11 +11,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from pram_lib.ops import audit
-from pram_lib.pipeline import release, sidecar, stream
+from pram_lib.pipeline import release, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.artifacts import post
 from tasks.privacy import Seed
-from tasks.steps import _mark, _transient, private_errors, release_key, step, timed
+from tasks.steps import mark, private_errors, release_key, step, timed, transient
 
 
 @step("draw-seed", inline=True)
@@ -71,7 +71,7 @@ def _update_progress(created, progress: float) -> None:
     update_progress_artifact(artifact_id=created.result(), progress=progress)   # posted after its creation
 
 
-@step("open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient)
+@step("open-source", retries=2, retry_delay_seconds=2, retry_condition_fn=transient)
 def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
     """Header check and SHA-256 of the source (no rows read); the Parquet chunk plan; a Dask scheduler that
     answers (3 s at most, not Dask's 30 s)."""
@@ -83,9 +83,9 @@ def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
 
 @step("profile-pass")
 def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs) -> stream.Sketch:
-    """Pass 1 in this process: every chunk in order (in the warm runner, on forked chunk workers)."""
+    """Pass 1 in this process: every chunk in order (two at a time on threads where two cores are free)."""
     progress = Progress(spec, "profile", sum(r.rows for r in refs) if refs else None)
-    sketch = stream.profile_pass(spec, seed.value, progress.advance, sidecar.chunk_workers())
+    sketch = stream.profile_pass(spec, seed.value, progress.advance)
     progress.advance(0, final=True)
     return sketch
 
@@ -112,9 +112,10 @@ def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed
 
 @step("perturb-pass")
 def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
-    """Pass 2 in this process: perturb and write every chunk in order (on pass 1's chunk workers, if any)."""
+    """Pass 2 in this process: perturb and write every chunk in order (two at a time on threads where two cores
+    are free)."""
     progress = Progress(plan.spec, "perturb", plan.profile_rows)
-    totals = stream.perturb_pass(plan, progress.advance, sidecar.chunk_workers())
+    totals = stream.perturb_pass(plan, progress.advance)
     progress.advance(0, final=True)
     return totals
 
@@ -136,7 +137,7 @@ def map_fold(spec: ReleaseSpec, step: str, task_, args, refs, total_rows: int | 
     from distributed import KilledWorker
     from distributed.scheduler import NoValidWorkerError, NoWorkerError
 
-    _mark(task_.name)  # the chunks run on workers, where no journal is open: the run records the step
+    mark(task_.name)  # the chunks run on workers, where no journal is open: the run records the step
     with private_errors(task_.name), timed(task_.name):
         try:
             return _map_fold(spec, step, task_, args, refs, total_rows, fold, runner)

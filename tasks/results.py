@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger
@@ -20,50 +18,42 @@ from pram_lib.pipeline import figures, publish, release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.artifacts import post
 from tasks.privacy import ValidationGateFailed
-from tasks.steps import _JOURNALS, _flow_run_id, _mark, release_key, step
+from tasks.steps import mark, release_key, run_journal, step
 
 
 @step("stage-release", inline=True)
 def stage_task(spec: ReleaseSpec) -> publish.Stage:
-    j = _JOURNALS.get(_flow_run_id())
+    j = run_journal()
     stage = publish.begin_release(spec, owner=j.data["run_id"] if j else None)
-    _mark("stage-release", stage_tmp=stage.tmp, stage_final=stage.final)
+    mark("stage-release", stage_tmp=stage.tmp, stage_final=stage.final)
     return stage
 
 
-@dataclass(frozen=True)
-class SidecarJobs:
-    """Work running in the sidecar process beside the flow's steps: the gate's GX suite, then the plots."""
-
-    gx: Future
-    plots: tuple[Future, ...]
-
-    def plot_files(self) -> list[str]:
-        return [name for job in self.plots for name in job.result()]
-
-
 @step("estimate")
-def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.ChunkResult, stage: publish.Stage):
-    """estimates.csv, and (curves, summary, tables): from the released counts, power sums and row sample.
-    First it starts the gate's GX suite in the sidecar, and when the estimates are in, the plots (they run
-    beside this step and the gate's tests)."""
+def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.ChunkResult, stage: publish.Stage,
+                  helpers: sidecar.Helpers | None = None):
+    """estimates.csv, (curves, summary, tables) from the released counts, power sums and row sample, and the
+    report's plot files: the plots are drawn in a helper process while this step estimates, and collected
+    before it ends."""
     level = spec.confidence
-    gx = stream.start_gx(spec, profile, plan, totals, stage.tmp / "validation")
+    helpers = helpers or sidecar.Helpers(enabled=False)
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
     first, second = _plot_halves(estimates, noisy=any(family_of(v).kind == "continuous" for v in spec.variables))
-    plots = [sidecar.PLOTS.submit(publish.draw_plots, stage, first, None, None, level)]   # while curves come
+    plots = [helpers.submit(publish.draw_plots, stage, first, None, None, level)]   # while the curves come
     if not second.empty:
-        plots.append(sidecar.MORE_PLOTS.submit(publish.draw_plots, stage, second, None, None, level))
+        plots.append(helpers.submit(publish.draw_plots, stage, second, None, None, level))
     curves, summary = stream.continuous_totals(plan, totals, level)
     if not curves.empty:
         values = totals.sample[list(curves["variable"].unique())]
-        plots.append(sidecar.MORE_PLOTS.submit(publish.draw_plots, stage, None, curves, values, level))
+        plots.append(helpers.submit(publish.draw_plots, stage, None, curves, values, level))
     tables = stream.group_tables_totals(plan, totals, level)
-    return estimates, (curves, summary, tables), SidecarJobs(gx, tuple(plots))
+    plot_files = [name for job in plots for name in sidecar.collect(job, "the report's plots")]
+    return estimates, (curves, summary, tables), plot_files
 
 
 def _plot_halves(estimates, noisy: bool):
-    """The categorical plots in two parts, one per plot sidecar, in the report's order; with continuous
+    """The categorical plots in two parts (two jobs, so that the first is drawn while the curves are
+    estimated), in the report's order; with continuous
     variables the second part is smaller (their plots, about twice as costly, follow it once the curves are in)."""
     names = list(dict.fromkeys(estimates["variable"])) if not estimates.empty else []
     if not names:
@@ -75,8 +65,9 @@ def _plot_halves(estimates, noisy: bool):
 
 
 @step("validate")
-def validate_task(spec, profile, plan, totals, stage: publish.Stage, jobs: SidecarJobs) -> dict:
-    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", jobs.gx)
+def validate_task(spec, profile, plan, totals, stage: publish.Stage, helpers: sidecar.Helpers | None = None) -> dict:
+    """The gate: the GX suite in a helper process beside the statistical and exact checks here."""
+    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", helpers)
     post(create_table_artifact, key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
          description=f"Great Expectations results ({result['gx']['scope']})")
     return _gate(result)
@@ -93,7 +84,7 @@ def _gate(result: dict) -> dict:
 
 
 @step("publish")
-def publish_task(spec, stage, plan, totals, estimates, distributions, validation, jobs: SidecarJobs,
+def publish_task(spec, stage, plan, totals, estimates, distributions, validation, plot_files: list[str],
                  started) -> Path:
     """The data are already in the staging folder (written chunk by chunk)."""
     assignments = list(plan.assignments)
@@ -110,7 +101,7 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
                           "from every row")
     columns = list(totals.sample.columns) if totals.sample is not None else []
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
-                                                  totals.rows, columns, started, jobs.plot_files(), processing)
+                                                  totals.rows, columns, started, plot_files, processing)
     folder = publish.finish_release(stage, totals.sealed)
     _publish_artifacts(spec, assignments, report, overall, folder)
     return folder

@@ -22,8 +22,8 @@ from pram_lib.ops.audit import utc_now
 from pram_lib.pipeline import publish, release
 from tasks.artifacts import post, wait_posted
 from tasks.privacy import StepFailed, current_fixed_seed
-from tasks.run_log import audit_task, finish_run_task, hand_over_journal, settle_budget_task
-from tasks.steps import release_key
+from tasks.run_log import audit_task, finish_run_task, settle_budget_task
+from tasks.steps import hand_over_journal, release_key
 
 
 def _git_commit() -> str | None:
@@ -51,6 +51,16 @@ class ReleaseRun:
         self.settled = False
         self.reserved = False             # the ledger holds a reservation of this run (to settle or cancel)
         self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)
+
+    # -- the run's bookkeeping, as a context manager ------------------------------------------------
+    def __enter__(self) -> "ReleaseRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        """A failed run is cleaned up here (:meth:`fail`) and ends with the error it returns."""
+        if exc is None:
+            return False
+        raise self.fail(exc) from None
 
     # -- what the steps produced -------------------------------------------------------------------
     def loaded(self, spec):

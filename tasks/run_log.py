@@ -13,10 +13,10 @@ from pram_lib.pipeline import release
 from pram_lib.pipeline.plan import resolve_targets
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.privacy import about_the_spec
-from tasks.steps import _JOURNALS, _flow_run_id, _transient, step
+from tasks.steps import close_journal, flow_run_id, open_journal, run_journal, step, transient
 
 
-@step("load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient)
+@step("load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=transient)
 def load_spec_task(spec_path: str) -> ReleaseSpec:
     with about_the_spec():   # resolving a `target:` below may read the source's categories: not public
         if not Path(spec_path).is_file():
@@ -32,10 +32,8 @@ def start_run_task(spec: ReleaseSpec, spec_path: str, run_id: str) -> list[dict]
     """Recover runs on this private store that were killed (audited, staging removed, ledger settled);
     then journal this run."""
     store = spec.resolve(spec.private_store)
-    _JOURNALS[_flow_run_id()] = journal.RunJournal.open(store, run_id, release=spec.release,
-                                                        spec_path=str(Path(spec_path).resolve()),
-                                                        output=str(spec.resolve(spec.output)),
-                                                        flow_run_id=_flow_run_id())
+    open_journal(store, run_id, release=spec.release, spec_path=str(Path(spec_path).resolve()),
+                 output=str(spec.resolve(spec.output)))
     dead: list[tuple[dict, str | None]] = []
 
     def settle(run: dict, folder: str | None) -> None:
@@ -59,11 +57,11 @@ def _mark_crashed(run: dict, folder: str | None) -> None:
     from prefect.states import Crashed
 
     fr_id = run.get("flow_run_id")
-    if not fr_id or fr_id == _flow_run_id():
+    if not fr_id or fr_id == flow_run_id():
         return
     done = (f"published {folder} before it died; audited and settled on recovery" if folder else
             "nothing published; staging removed, ledger reservation cancelled, audited on recovery")
-    msg = f"the run's process ended during step {run.get('step')!r} (killed?); {done} by run {_flow_run_id()}"
+    msg = f"the run's process ended during step {run.get('step')!r} (killed?); {done} by run {flow_run_id()}"
     try:
         with get_client(sync_client=True) as client:
             if not client.read_flow_run(fr_id).state.is_final():
@@ -87,22 +85,13 @@ def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path
 
 @step("finish-run", inline=True)
 def finish_run_task() -> None:
-    j = _JOURNALS.pop(_flow_run_id(), None)
-    if j is not None:
-        j.close()
-
-
-def hand_over_journal(error: str) -> None:
-    """The run could not record everything: leave its journal to the next run on the store, which recovers it."""
-    j = _JOURNALS.pop(_flow_run_id(), None)
-    if j is not None:
-        j.hand_over(error)
+    close_journal()
 
 
 @step("audit", inline=True)
 def audit_task(spec_path: str, event: str, fields: dict) -> dict:
     store = _private_store(spec_path)
-    j = _JOURNALS.get(_flow_run_id())
+    j = run_journal()
     if j is not None and event != "release-published":
         fields = {"failed_step": j.data.get("step"), **fields}
         j.mark(j.data.get("step"), error=fields.get("error"))  # kept if this entry cannot be written

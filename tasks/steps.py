@@ -20,14 +20,18 @@ from pram_lib.ops import journal
 from pram_lib.spec import ReleaseSpec, SpecError
 from tasks.privacy import StepFailed, quiet_step_failures
 
-_JOURNALS: dict[str, journal.RunJournal] = {}  # flow run id -> the run's journal (this process)
+# Module-level state (this process's runs; each documented):
+# flow run id -> the run's journal, opened by the start-run step and closed by the run's end (journal functions
+# below); a dict, not one value, since tests run flows of several releases in one process.
+_JOURNALS: dict[str, journal.RunJournal] = {}
+# (step, start, end) of the steps run in this process since `take_timings` last took them (`run --timings`).
+_TIMINGS: list[tuple[str, float, float]] = []
 quiet_step_failures()
 
 BOOKKEEPING = ("audit", "settle-budget", "finish-run")  # not release steps: the journal keeps the step before
-_TIMINGS: list[tuple[str, float, float]] = []  # (step, start, end) of the runs in this process, in order
 
 
-def _transient(task, task_run, state) -> bool:
+def transient(task, task_run, state) -> bool:
     """Retry I/O trouble, not a bad spec or source (a SpecError will fail the same way again)."""
     try:
         state.result()
@@ -59,7 +63,7 @@ def step(name: str, inline: bool = False, **options):
         @functools.wraps(fn)
         def run(*args, **kwargs):
             if name not in BOOKKEEPING:
-                _mark(name)
+                mark(name)
             with private_errors(name), timed(name):
                 return fn(*args, **kwargs)
 
@@ -100,16 +104,41 @@ def take_timings() -> list[tuple[str, float, float]]:
     return out
 
 
-def _flow_run_id() -> str:
+def flow_run_id() -> str:
     from prefect.runtime import flow_run
 
     return str(flow_run.id)
 
 
-def _mark(step: str, **fields) -> None:
-    j = _JOURNALS.get(_flow_run_id())
+def open_journal(store, run_id: str, **fields) -> journal.RunJournal:
+    """Journal this flow run on its private store (what recovery reads if the process dies)."""
+    j = _JOURNALS[flow_run_id()] = journal.RunJournal.open(store, run_id, flow_run_id=flow_run_id(), **fields)
+    return j
+
+
+def run_journal() -> journal.RunJournal | None:
+    """This flow run's journal (None before the start-run step, or after the run's end)."""
+    return _JOURNALS.get(flow_run_id())
+
+
+def mark(step: str, **fields) -> None:
+    """The journal notes the step this run is in (and `fields`, e.g. its staging folder)."""
+    j = run_journal()
     if j is not None:
         j.mark(step, **fields)
+
+
+def close_journal() -> None:
+    j = _JOURNALS.pop(flow_run_id(), None)
+    if j is not None:
+        j.close()
+
+
+def hand_over_journal(error: str) -> None:
+    """The run could not record everything: leave its journal to the next run on the store, which recovers it."""
+    j = _JOURNALS.pop(flow_run_id(), None)
+    if j is not None:
+        j.hand_over(error)
 
 
 def release_key(spec: ReleaseSpec) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -90,14 +89,6 @@ def _share_compiled_templates() -> None:
         self.env.bytecode_cache = cache
 
     base.__init__, base._pram_shared_templates = __init__, cache
-
-
-def warm_up() -> None:
-    """Run a small suite with Data Docs once (the warm runner does, so that its forks start with GX's
-    templates compiled and its lazy imports done)."""
-    with tempfile.TemporaryDirectory(prefix="gx-warm-up-") as folder:
-        validate_table(pd.DataFrame({"c": pd.Categorical(["a", "b"] * 50)}),
-                       {"c": {"kind": "categorical", "domain": ["a", "b"], "max_missing": 0}}, 100, Path(folder))
 
 
 def _quiet(context, progress_bars_config) -> None:

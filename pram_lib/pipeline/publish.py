@@ -234,18 +234,6 @@ def _bars(ax, centres, heights, color: str, label: str, width: float = 0.4):
     ax.add_collection(bars, autolim=True)
 
 
-def warm_up_plots() -> None:
-    """Draw one plot into a throw-away folder. The warm runner does this once, so that its forks start with
-    matplotlib's fonts loaded and its text caches filled (a process's first plots cost ~0.6 s more)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="plots-warm-up-") as folder:
-        shares = [0.5, 0.3, 0.2]
-        write_plots(Stage(tmp=Path(folder), final=Path(folder) / "unused"), pd.DataFrame({
-            "variable": "warm-up", "category": ["a category", "another", "a third"], "released_share": shares,
-            "estimate": shares, "lower": [x - 0.05 for x in shares], "upper": [x + 0.05 for x in shares]}))
-
-
 def staged_path(stage: Stage, name: str) -> Path:
     """stage.tmp / name, refused unless it resolves inside the staged folder."""
     root = stage.tmp.resolve()

@@ -15,9 +15,7 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import pickle
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -345,16 +343,8 @@ def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd
     return _profile_chunks(spec, ((ref, load(spec, chunk)) for ref, chunk in chunks), seed, threads=1)
 
 
-def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None, workers=()) -> Sketch:
-    """Pass 1 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each. With `workers`
-    (forked processes, :mod:`sidecar`), a Parquet source's chunks are read and profiled there, each worker
-    keeping the chunks it read for pass 2 (:data:`KEEP_CHUNK_BYTES`)."""
-    refs = plan_chunks(spec) if workers else None
-    if refs is not None and len(refs) > 1:
-        for worker in workers:
-            worker.submit(begin_pass, "profile")
-        return _fold_in_workers(workers, refs, lambda ref: (profile_in_worker, spec, ref, seed), merge_sketches,
-                                on_chunk)
+def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
+    """Pass 1 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
     return _profile_chunks(spec, iter_chunks(spec), seed, on_chunk) or Sketch()
 
 
@@ -567,132 +557,9 @@ def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFr
     return _perturb_chunks(plan, ((ref, load(plan.spec, chunk)) for ref, chunk in chunks), threads=1)
 
 
-def perturb_pass(plan: Plan, on_chunk=None, workers=()) -> ChunkResult:
-    """Pass 2 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each. With the
-    `workers` of pass 1, each perturbs and writes the chunks it profiled, from memory where it kept them."""
-    refs = plan_chunks(plan.spec) if workers and plan.out_dir is not None else None
-    if refs is not None and len(refs) > 1:
-        for worker in workers:
-            worker.submit(begin_pass, "perturb")
-        return _fold_in_workers(workers, refs, lambda ref: (perturb_in_worker, plan, ref),
-                                lambda a, b: merge_results([a, b]), on_chunk)
+def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
+    """Pass 2 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
     return _perturb_chunks(plan, iter_chunks(plan.spec), on_chunk)
-
-
-# -- chunks in forked worker processes (the warm runner's streamed Parquet releases) ---------------------
-KEEP_CHUNK_BYTES = 256 * 2 ** 20   # per worker: chunks read before pass 2, kept for it (beyond: read again)
-_KEPT: dict = {"chunks": {}, "bytes": 0, "sketches": {}, "overflowed": set()}   # a worker process's own state
-
-
-def prefetch(spec: ReleaseSpec, workers, seed: int) -> None:
-    """Let the `workers` read and profile (with the run's `seed`) their share of a streamed Parquet source now,
-    while the run's first steps talk to the orchestrator, so that pass 1 finds it done. Best effort: any
-    problem is left to the steps that check the source, which report it."""
-    if len(workers) < 2 or spec.engine.mode != "stream" or spec.source.format != "parquet":
-        return
-    try:
-        refs = plan_chunks(spec)
-    except Exception:
-        return
-    for i, worker in enumerate(workers):
-        worker.submit(keep_chunks, spec, refs[i::len(workers)], seed)
-
-
-def keep_chunks(spec: ReleaseSpec, refs: list[ChunkRef], seed: int) -> None:
-    """A worker drops what it kept, reads `refs` into memory as far as KEEP_CHUNK_BYTES allows, and profiles
-    them (pass 1 then takes the sketches)."""
-    _KEPT.update(chunks={}, bytes=0, sketches={})
-    try:
-        for ref in refs:
-            df, kept = _kept_or_read(spec, ref, keep=True, take=False)
-            _KEPT["sketches"][_sketch_key(spec, ref, seed)] = _profiled(spec, df, ref, seed)
-            if not kept:
-                return
-    except Exception:   # the pass reads it again and reports it
-        return
-
-
-def begin_pass(which: str) -> None:
-    """A worker forgets whether the key combinations overflowed in an earlier run of this pass."""
-    _KEPT["overflowed"].discard(which)
-
-
-def _sketch_key(spec: ReleaseSpec, ref: ChunkRef, seed: int) -> tuple:
-    """A sketch depends on the chunk, the seed and the spec's variables."""
-    return _chunk_key(spec, ref), seed, hashlib.sha256(pickle.dumps(spec)).hexdigest()
-
-
-def _profiled(spec: ReleaseSpec, df: pd.DataFrame, ref: ChunkRef, seed: int) -> Sketch:
-    return _noting_overflow("profile", profile_chunk(spec, df, ref, seed, "profile" not in _KEPT["overflowed"]))
-
-
-def _chunk_key(spec: ReleaseSpec, ref: ChunkRef) -> tuple:
-    path = spec.resolve(spec.source.path)
-    st = path.stat()
-    return str(path), st.st_mtime_ns, st.st_size, ref.row_groups, tuple(needed_columns(spec))
-
-
-def _kept_or_read(spec: ReleaseSpec, ref: ChunkRef, keep: bool, take: bool) -> tuple[pd.DataFrame, bool]:
-    """The chunk, from memory if kept (and no longer kept if `take`), else read (and kept if `keep` and it
-    fits); and whether it is kept now."""
-    key = _chunk_key(spec, ref)
-    kept = _KEPT["chunks"].get(key)
-    if kept is not None:
-        if take:
-            del _KEPT["chunks"][key]
-            _KEPT["bytes"] -= kept[1]
-        return kept[0], not take
-    df = read_chunk(spec, ref)
-    size = int(df.memory_usage(deep=True).sum())
-    if keep and _KEPT["bytes"] + size <= KEEP_CHUNK_BYTES:
-        _KEPT["chunks"][key] = (df, size)
-        _KEPT["bytes"] += size
-        return df, True
-    return df, False
-
-
-def profile_in_worker(spec: ReleaseSpec, ref: ChunkRef, seed: int) -> Sketch:
-    """Pass 1 on one chunk in a worker: kept or read (and kept for pass 2 while KEEP_CHUNK_BYTES allows),
-    profiled (unless profiled ahead). The key combinations are not counted again once this worker's chunks
-    overflowed (so has the fold)."""
-    ahead = _KEPT["sketches"].pop(_sketch_key(spec, ref, seed), None)
-    if ahead is not None:
-        return ahead
-    df, _ = _kept_or_read(spec, ref, keep=True, take=False)
-    return _profiled(spec, df, ref, seed)
-
-
-def perturb_in_worker(plan: Plan, ref: ChunkRef) -> ChunkResult:
-    """Pass 2 on one chunk in a worker: the chunk pass 1 kept (or read again), perturbed and written."""
-    df, _ = _kept_or_read(plan.spec, ref, keep=False, take=True)
-    return _noting_overflow("perturb", perturb_chunk(plan, df, ref, "perturb" not in _KEPT["overflowed"]))
-
-
-def _noting_overflow(which: str, part):
-    if part.key_cells is not None and part.key_cells.overflow:
-        _KEPT["overflowed"].add(which)
-    return part
-
-
-def _fold_in_workers(workers, refs: list[ChunkRef], job, fold, on_chunk=None):
-    """Chunk i runs in worker i mod len(workers) (so pass 2 finds the chunks its worker kept); the results
-    folded in chunk order. An error cancels the chunks not started and is raised here."""
-    futures = []
-    for i, ref in enumerate(refs):
-        fn, *args = job(ref)
-        futures.append((ref, workers[i % len(workers)].submit(fn, *args)))
-    acc = None
-    try:
-        for done, (ref, future) in enumerate(futures, 1):
-            part = future.result()
-            acc = part if acc is None else fold(acc, part)
-            if on_chunk is not None:
-                on_chunk(ref.rows, done)
-    except BaseException:
-        for _, future in futures:
-            future.cancel()
-        raise
-    return acc
 
 
 def part_files(chunk: int | None, data_formats: list[str]) -> list[str]:
@@ -833,29 +700,30 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     return cols
 
 
-def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult, out_dir: Path | None):
-    """The gate's Great Expectations suite on the row sample, started in the sidecar process (a Future; it runs
-    while this process estimates). Results and Data Docs go to `out_dir`."""
+def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult, out_dir: Path | None,
+             helpers: "sidecar.Helpers | None" = None):
+    """The gate's Great Expectations suite on the row sample, started in a helper process (a Future; it runs
+    while this process estimates; here and now without `helpers`). Results and Data Docs go to `out_dir`."""
     from pram_lib.core.validate import validate_table
 
     declared = declared_columns(spec, profile, list(plan.assignments))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
-    return sidecar.GX.submit(validate_table, sample, declared, len(sample), out_dir)
+    return (helpers or sidecar.Helpers(enabled=False)).submit(validate_table, sample, declared, len(sample), out_dir)
 
 
 def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
-                    out_dir: Path | None, gx_job=None) -> dict:
-    """The gate: GX on the uniform row sample (every row when small; `gx_job` from start_gx, or started
-    here); exact checks (rows, missing values, ranges, source unchanged between the passes) and each
+                    out_dir: Path | None, helpers: "sidecar.Helpers | None" = None) -> dict:
+    """The gate: GX on the uniform row sample (every row when small; in a helper process beside the rest, or
+    here without `helpers`); exact checks (rows, missing values, ranges, source unchanged between the passes) and each
     family's tests on counts over every row, with Holm's step-down procedure over the tests
     (``validation.level`` is the release's family-wise error rate)."""
     from pram_lib.core.validate import gate_message, holm
 
-    gx_job = gx_job or start_gx(spec, profile, plan, totals, out_dir)
+    gx_job = start_gx(spec, profile, plan, totals, out_dir, helpers)
     declared = declared_columns(spec, profile, list(plan.assignments))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
     tests, checks = _gate_checks(spec, profile, plan, totals, declared)
-    gx = gx_job.result()
+    gx = sidecar.collect(gx_job, "the Great Expectations suite")
     gx["scope"] = (f"every one of the {totals.rows:,} released rows" if len(sample) == totals.rows else
                    f"uniform sample of {len(sample):,} of {totals.rows:,} released rows")
     holm(tests, spec.validation.level)

@@ -52,25 +52,3 @@ def test_a_failed_post_is_reported_by_kind_and_the_others_still_run():
     assert artifacts.wait_posted() == ["ConnectionError"]
     assert done == [1, 2]
     assert artifacts.wait_posted() == []   # nothing left pending
-
-
-def test_a_forked_child_posts_on_threads_of_its_own():
-    """A process that has posted, then forks (a run's process forking a helper): the child's posts still run."""
-    import os
-
-    artifacts.post(lambda: None)
-    assert artifacts.wait_posted() == []
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        done = []
-        try:
-            artifacts.post(done.append, 1).result(timeout=10)   # with the parent's dead pool: never runs
-            ok = done == [1]
-        except BaseException:
-            ok = False
-        os.write(write, b"ok" if ok else b"no")
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    assert os.read(read, 2) == b"ok"

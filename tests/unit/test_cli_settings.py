@@ -28,7 +28,7 @@ print(json.dumps({"code": code, "analytics": s.server.analytics_enabled, "sdk_te
 
 def _settings_from(cwd: Path, extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "DO_NOT_TRACK"}
-    env.update(PYTHONPATH=str(ROOT), HOME=str(cwd), PRAM_NO_RUNNER="1", **(extra or {}))
+    env.update(PYTHONPATH=str(ROOT), HOME=str(cwd), **(extra or {}))
     out = subprocess.run([sys.executable, "-c", SHOW_SETTINGS], cwd=cwd, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,5 +1,8 @@
-"""The sidecar processes: results and errors come back as if the call ran here; a dead sidecar is a clear error;
-a sidecar dies with the process that started it."""
+"""The release's helper processes (pram_lib/pipeline/sidecar.py): a spawn-started ProcessPoolExecutor whose
+workers never hold Prefect; results and errors come back as if the call ran here; a dead worker is a clear,
+public error; workers end with the process that started them; without helpers the work runs here."""
+
+from __future__ import annotations
 
 import math
 import os
@@ -7,159 +10,146 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from pram_lib.pipeline import sidecar
 
-pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow   # each pool spawns an interpreter that imports GX and matplotlib
 
 
-@pytest.fixture
-def side():
-    one = sidecar.Sidecar("test", ())
-    one.start()
-    yield one
-    one.stop()
+def _prefect_loaded() -> bool:
+    return "prefect" in sys.modules
 
 
-def test_a_call_runs_in_another_process_and_returns_its_value(side):
-    assert side.running()
-    assert side.submit(os.getpid).result() != os.getpid()
-    assert side.submit(math.comb, 10, 3).result() == 120
+def _kill_myself() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_an_error_in_the_sidecar_is_raised_in_the_caller(side):
+@pytest.fixture(scope="module")
+def helpers():
+    """One pool for the module's tests (a spawned worker imports GX and matplotlib: seconds of CPU)."""
+    with sidecar.Helpers() as started:
+        yield started
+
+
+def test_the_pool_spawns_and_its_worker_never_imports_prefect(helpers):
+    import prefect  # noqa: F401  (the release's process has imported Prefect: the worker must not inherit it)
+
+    assert helpers.pool is not None
+    worker = helpers.submit(os.getpid).result()
+    command = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+    assert any(b"multiprocessing.spawn import spawn_main" in part for part in command), command   # never a fork
+    assert sidecar.collect(helpers.submit(_prefect_loaded), "the check") is False
+    assert sidecar.collect(helpers.submit(os.getppid), "the check") == os.getpid()   # a child of this process
+
+
+def test_results_and_errors_come_back_as_if_run_here(helpers):
+    assert helpers.submit(math.sqrt, 16.0).result() == 4.0
     with pytest.raises(ValueError, match="math domain error"):
-        side.submit(math.sqrt, -1.0).result()
-    assert side.submit(math.sqrt, 16.0).result() == 4.0   # and the sidecar keeps serving
+        helpers.submit(math.sqrt, -1.0).result()
+    assert helpers.submit(math.sqrt, 9.0).result() == 3.0   # and the worker keeps serving
 
 
-def test_a_dead_sidecar_fails_with_a_message_not_a_hang(side):
-    process = side._process
-    process.kill()
-    process.wait()
-    with pytest.raises(sidecar.SidecarDied, match="PRAM_NO_SIDECAR=1"):
-        side._caller.submit(sidecar._call, process, b"x").result(timeout=30)
+def test_a_dead_worker_is_a_public_error_naming_the_work():
+    """SIGKILL (the out-of-memory killer) in the middle of a job: HelperDied, public text, not a hang."""
+    from tasks.privacy import StepFailed
+
+    with sidecar.Helpers() as helpers:
+        with pytest.raises(sidecar.HelperDied, match="the report's plots ended abruptly; nothing was published") as err:
+            sidecar.collect(helpers.submit(_kill_myself), "the report's plots")
+        with pytest.raises(sidecar.HelperDied, match="the Great Expectations suite ended abruptly"):
+            sidecar.collect(helpers.submit(math.sqrt, 4.0), "the Great Expectations suite")   # a later job too
+    wrapped = StepFailed.wrap(err.value, "estimate")
+    assert wrapped.user_error and wrapped.public == str(err.value)   # may reach Prefect as it is
 
 
-def test_without_a_sidecar_the_call_runs_here():
-    idle = sidecar.Sidecar("idle", ())
-    assert not idle.running()
-    assert idle.submit(os.getpid).result() == os.getpid()
-    with pytest.raises(ValueError):
-        idle.submit(math.sqrt, -1.0).result()
+def test_without_helpers_the_call_runs_here(monkeypatch):
+    with sidecar.Helpers(enabled=False) as off:
+        assert off.pool is None
+        assert off.submit(os.getpid).result() == os.getpid()
+        with pytest.raises(ZeroDivisionError):
+            off.submit(lambda: 1 / 0).result()   # a local function: no pickling needed here
+    monkeypatch.setenv("PRAM_NO_SIDECAR", "1")
+    with sidecar.Helpers() as off:
+        assert off.pool is None
 
 
-def test_settle_waits_for_every_job(side):
-    jobs = [side.submit(time.sleep, 0.2) for _ in range(3)]
-    side.settle()
-    assert all(j.done() for j in jobs)
+def test_leaving_the_block_waits_for_the_job_under_way_and_cancels_the_rest(tmp_path):
+    """A failed run removes its staging folder after the block: nothing may write there afterwards."""
+    marker = tmp_path / "written"
+    with pytest.raises(RuntimeError):
+        with sidecar.Helpers() as helpers:
+            helpers.submit(time.sleep, 0.0).result()   # the worker is up
+            running = helpers.submit(_sleep_then_write, 1.0, str(marker))
+            queued = [helpers.submit(_sleep_then_write, 0.5, str(tmp_path / f"queued-{i}")) for i in range(3)]
+            time.sleep(0.2)
+            raise RuntimeError("a step failed")
+    assert running.done() and marker.exists()   # finished before the block was left
+    written = sorted(tmp_path.iterdir())
+    # the pool hands one job more than it has workers to its call queue ahead (EXTRA_QUEUED_CALLS): that one
+    # runs before shutdown returns; the rest are cancelled
+    assert sum(q.cancelled() for q in queued) >= len(queued) - 1
+    assert all(q.done() for q in queued)
+    time.sleep(1.5)
+    assert sorted(tmp_path.iterdir()) == written   # nothing written after the block was left
 
 
-def test_the_sidecar_dies_with_the_process_that_started_it():
-    """A SIGKILLed release must not leave its sidecar writing into a staging folder."""
-    script = ("from pram_lib.pipeline import sidecar; sidecar.GX.start(); "
-              "print(sidecar.GX._process.pid, flush=True); import time; time.sleep(60)")
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    os.kill(child, 0)   # alive
-    time.sleep(0.5)     # past its start (a parent gone before then is caught there), into the GX import
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    for _ in range(20):   # within 1 s: it is still importing GX (seconds), so only its death signal ends it
+def _sleep_then_write(seconds: float, path: str) -> None:
+    time.sleep(seconds)
+    Path(path).write_text("x")
+
+
+def test_the_worker_dies_with_the_process_that_started_it():
+    """A SIGKILLed release must not leave a helper writing into its staging folder (PR_SET_PDEATHSIG)."""
+    script = ("import os, time; from pram_lib.pipeline import sidecar\n"
+              "h = sidecar.Helpers(); h.__enter__()\n"
+              "print(h.submit(os.getpid).result(), flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 20   # a guard only: the kernel kills it at once
+    while time.monotonic() < deadline:
         try:
-            if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-                return    # dead, not yet reaped (this machine's init may not reap orphans)
-        except FileNotFoundError:
+            os.kill(child, 0)
+        except ProcessLookupError:
             return
-        time.sleep(0.05)
-    pytest.fail(f"sidecar {child} outlived its killed parent")
+        if Path(f"/proc/{child}/stat").read_text().split(") ")[1].startswith("Z"):
+            return   # dead, waiting for init to reap it
+        time.sleep(0.1)
+    pytest.fail(f"helper {child} outlived its killed parent")
 
 
-def test_a_call_that_cannot_be_pickled_runs_here(side):
-    here = os.getpid()
-    assert side.submit(lambda: os.getpid()).result() == here
+def test_a_helper_started_under_python_m_prefect_engine_does_not_import_prefect(tmp_path):
+    """A deployment's process worker runs `python -m prefect.engine`; a spawned child would run that main module
+    again (as __mp_main__) and import Prefect, unless the pool starts without it (sidecar.no_main_module)."""
+    (tmp_path / "engine_like.py").write_text(
+        "import prefect  # noqa: F401  (like prefect.engine)\n"
+        "from pram_lib.pipeline import sidecar\n"
+        "from test_sidecar import _prefect_loaded\n"
+        "if __name__ == '__main__':\n"
+        "    with sidecar.Helpers() as helpers:\n"
+        "        print('worker has prefect:', helpers.submit(_prefect_loaded).result(), flush=True)\n")
+    path = os.pathsep.join([str(tmp_path), str(ROOT / "tests" / "unit"), str(ROOT)])
+    out = subprocess.run([sys.executable, "-m", "engine_like"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "worker has prefect: False" in out.stdout
 
 
-FORKED_SCRIPT = """
-import math, os
-from pram_lib.pipeline import sidecar
-sidecar.FORK_WARM = True
-one = sidecar.Sidecar("forked", ())
-one.start()   # this process has one thread: forking is allowed
-assert isinstance(one._process, sidecar._ForkedSidecar), one._process
-assert one.submit(os.getpid).result() not in (os.getpid(), None)
-assert one.submit(math.comb, 12, 5).result() == 792
-try:
-    one.submit(math.sqrt, -1.0).result()
-    raise SystemExit("no error raised")
-except ValueError as exc:
-    assert "math domain error" in str(exc)
-process = one._process
-one.stop()
-assert process.poll() is not None and not one.running()
-threaded = sidecar.Sidecar("threaded", ())
-threaded.start()   # the first sidecar's caller thread runs: never fork a threaded process
-assert not isinstance(threaded._process, sidecar._ForkedSidecar)
-threaded.stop()
-print("ok")
-"""
-
-
-def test_a_forked_sidecar_serves_like_a_started_one():
-    """In the warm runner a sidecar is a fork of the caller: another process, same answers and errors; a
-    process with threads starts an interpreter instead."""
-    out = subprocess.run([sys.executable, "-c", FORKED_SCRIPT], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "ok", out.stderr
-
-
-def test_forked_sidecars_draw_the_plots_beside_the_suite(monkeypatch):
-    """Forks cost no imports, so the plots get a process of their own; started interpreters share one."""
-    script = ("import os, sys; from pram_lib.pipeline import sidecar; sidecar.FORK_WARM = sys.argv[1] == '1'; "
-              "sidecar.start(); gx = sidecar.GX.submit(os.getpid).result(); "
-              "plots = sidecar.PLOTS.submit(os.getpid).result(); print(gx != plots, gx != os.getpid())")
-    for fork, expected in (("1", "True True"), ("0", "False True")):
-        out = subprocess.run([sys.executable, "-c", script, fork], capture_output=True, text=True, timeout=120)
-        assert out.stdout.split() == expected.split(), (fork, out.stderr)
-
-
-def test_a_forked_sidecar_dies_with_its_parent():
-    script = ("from pram_lib.pipeline import sidecar; sidecar.FORK_WARM = True; sidecar.GX.start(); "
-              "print(sidecar.GX._process.pid, flush=True); import time; time.sleep(60)")
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    os.kill(child, 0)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    for _ in range(40):
-        try:
-            if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except FileNotFoundError:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"forked sidecar {child} outlived its killed parent")
-
-
-def test_the_categorical_plots_are_split_between_the_two_plot_sidecars():
-    """Each variable's plot is drawn once, the report's order is kept, a continuous variable's plot (drawn after
-    the curves, about twice as costly) weighs on the second part, and names whose files could clash on a
-    case-insensitive file system are drawn by one process."""
-    import pandas as pd
-
-    from tasks.results import _plot_halves
-
-    def frame(names):
-        return pd.DataFrame({"variable": [n for n in names for _ in range(3)], "stratum": "all"})
-
-    for names, noisy, first_count in ((list("abcde"), True, 4), (list("abcde"), False, 3), (["a"], True, 1),
-                                      (list("abcd"), False, 2)):
-        first, second = _plot_halves(frame(names), noisy)
-        order = list(dict.fromkeys(first["variable"])) + list(dict.fromkeys(second["variable"]))
-        assert order == names and len(first) + len(second) == 3 * len(names)
-        assert len(set(first["variable"])) == first_count
-    first, second = _plot_halves(frame(["Race", "b", "c", "race"]), False)
-    assert set(first["variable"]) == {"Race", "b", "race"} and set(second["variable"]) == {"c"}
-    empty = frame([]).iloc[0:0]
-    assert all(part.empty for part in _plot_halves(empty, True))
+def test_helpers_started_ahead_are_taken_over_by_the_release():
+    """The CLI starts the helper before it imports Prefect; the release's Helpers uses that worker (no second
+    interpreter importing GX) and ends it."""
+    with sidecar.started_ahead() as ahead:
+        worker = ahead.submit(os.getpid).result()
+        with sidecar.Helpers() as release:
+            assert ahead.pool is None and release.submit(os.getpid).result() == worker
+        assert release.pool is None
+    with sidecar.Helpers(enabled=False) as off:   # outside the block: nothing left to take over
+        assert off.pool is None

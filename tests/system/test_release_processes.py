@@ -1,0 +1,84 @@
+"""A release's helper processes in a real run: a helper killed mid-release fails the run with a clear error,
+publishes nothing and cancels the ε reservation; Ctrl-C (SIGINT) to `pram-release run` ends the run, cleaned
+up, and leaves no helper process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import synth
+from pram_lib.ops.ledger import Ledger
+from pram_lib.pipeline import sidecar
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+
+
+def kill_the_helper(*args, **kwargs):
+    """Stands in for publish.draw_plots in the helper (pickled by name): the helper dies mid-job, as under the
+    out-of-memory killer."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ledger(folder: Path, population: str) -> list:
+    return Ledger(folder / "private" / "ledger.sqlite").history(population)
+
+
+def _audit(folder: Path) -> list[dict]:
+    return [json.loads(x) for x in (folder / "private" / "audit.jsonl").read_text().splitlines()]
+
+
+def test_a_helper_killed_mid_release_fails_the_run_and_cancels_the_reservation(prefect_server, tmp_path,
+                                                                              monkeypatch):
+    from flows.release import run_release
+    from pram_lib.pipeline import publish
+
+    monkeypatch.setattr(publish, "draw_plots", kill_the_helper)
+    spec = synth.write_spec(tmp_path, population={"key": "synth-helper-killed", "cap": 100.0})
+    with pytest.raises(sidecar.HelperDied, match="the report's plots ended abruptly; nothing was published"):
+        run_release(str(spec), seed=11)
+    out = tmp_path / "releases"
+    assert not out.exists() or not list(out.iterdir())   # neither a release nor a staging folder
+    last = _audit(tmp_path)[-1]
+    assert last["event"] == "release-failed" and last["failed_step"] == "estimate"
+    assert "HelperDied" in last["error"]
+    assert [s.status for s in _ledger(tmp_path, "synth-helper-killed")] == ["cancelled"]
+
+
+def test_ctrl_c_ends_a_run_cleaned_up_with_no_helper_left(prefect_server, tmp_path):
+    synth.make_source(tmp_path / "src.csv", n=300_000)
+    spec = synth.write_spec(tmp_path, population={"key": "synth-ctrl-c", "cap": 100.0},
+                            engine={"mode": "stream", "chunk_rows": 2_000})
+    env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT)}
+    env.pop("PRAM_NO_SIDECAR", None)
+    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec), "--seed", "5"], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = tmp_path / "releases"
+    deadline = time.monotonic() + 240   # guards only: the run is interrupted mid-pass, not timed
+    while not (out.is_dir() and any(out.iterdir())):   # the staging folder: the helper has started
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.02)
+    helpers = psutil.Process(run.pid).children(recursive=True)
+    assert helpers, "no helper process was started"
+    run.send_signal(signal.SIGINT)
+    try:
+        text, _ = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        pytest.fail("the run did not end after SIGINT")
+    assert run.returncode == 130 and "interrupted: the run stopped and was cleaned up" in text, text[-2000:]
+    assert "Traceback" not in text
+    assert not list(out.iterdir()), text[-2000:]   # nothing published, the staging folder removed
+    assert _audit(tmp_path)[-1]["event"] == "release-failed"
+    assert [s.status for s in _ledger(tmp_path, "synth-ctrl-c")] == ["cancelled"]
+    _, alive = psutil.wait_procs(helpers, timeout=10)
+    assert not alive, f"helper processes left running: {alive}"
