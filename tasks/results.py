@@ -38,7 +38,7 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
     level = spec.confidence
     helpers = helpers or sidecar.Helpers(enabled=False)
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
-    first, second = _plot_halves(estimates, noisy=any(family_of(v).kind == "continuous" for v in spec.variables))
+    first, second = _plot_halves(estimates, noisy=any(family_of(v).adds_noise for v in spec.variables))
     plots = [helpers.submit(publish.draw_plots, stage, first, None, None, level)]   # while the curves come
     if not second.empty:
         plots.append(helpers.submit(publish.draw_plots, stage, second, None, None, level))

@@ -171,6 +171,7 @@ class Family(ABC):
 
     # -- accuracy planning (pram_lib.pipeline.plan drives these; `check` and the reports read them too) --
     changed_as: ClassVar[str]       # how a released column was changed, in its variable label: randomized, ...
+    adds_noise: ClassVar[bool]      # its released columns are numbers with noise added (written and plotted as such)
 
     @abstractmethod
     def not_planned(self, v, brief: bool = False) -> str | None:

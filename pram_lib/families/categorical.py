@@ -664,6 +664,7 @@ class Categorical(Family):
 
     # -- accuracy planning ------------------------------------------------------------------------------------
     changed_as = "randomized"
+    adds_noise = False
 
     def not_planned(self, v, brief=False):
         return None

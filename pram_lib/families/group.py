@@ -555,6 +555,7 @@ class Group(Family):
 
     # -- accuracy planning ------------------------------------------------------------------------------------
     changed_as = "randomized"
+    adds_noise = False
 
     def not_planned(self, v, brief=False):
         return None

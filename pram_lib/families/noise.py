@@ -695,6 +695,7 @@ class Noise(Family):
 
     # -- accuracy planning: none (the noise's scale follows the source's spread) -------------------------------
     changed_as = "noise added"
+    adds_noise = True
 
     def not_planned(self, v, brief=False):
         return ("noise calibrated on the data" if brief else "the noise is calibrated on the confidential data (its "

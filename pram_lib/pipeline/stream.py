@@ -486,7 +486,7 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     if plan.out_dir is not None:
         chunk = None if plan.engine == "memory" else ref.index
         res.files = part_files(chunk, spec.formats)
-        noisy = [v.column for v in spec.variables if family_of(v).kind == "continuous"]
+        noisy = [v.column for v in spec.variables if family_of(v).adds_noise]
         res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files, plan.labels, noisy) or {}
     keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
