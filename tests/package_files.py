@@ -1,5 +1,5 @@
 """A release with `formats: [csv, dta, sav]` (its source and spec), and reading its Stata and SPSS files back
-against its Parquet table and channels.json (shared by tests/unit/test_formats.py and
+against its Parquet table and channels.json (shared by tests/unit/pipeline/test_formats.py and
 tests/system/test_formats_flow.py)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the analyst's unbiased estimate is ``p̂ = G m̂`` with ``G = M^{-T}`` and its c
 over row-stochastic S×S matrices with ``M[x, z] <= e^ε M[x', z]`` (ε-LDP), invertible with condition number
 at most ``max_condition`` (identifiability is a requirement: every estimator of the release works).
 
-The maths (all [new] here, checked by tests/unit/test_accurate.py):
+The maths (all [new] here, checked by tests/unit/channels/test_accurate.py):
 
 * Gradient: with A = M^{-1}, w_z = |a_z|²,  ∂f/∂M = p w^T − 2 A^T diag(m) A A^T.
 * Fisher form: f = tr((U^T J U)^{-1}) with J = Σ_z q_z q_z^T / m_z (q_z = column z) and U an orthonormal basis

@@ -1,7 +1,7 @@
 """`pram-release analyze RELEASE {describe|table|mean|regress}` on a small real release (published by the pipeline's
 own steps without Prefect: tests/local_release.py): what it prints is the library's result, --csv writes the
 result's frame, bad input exits 2 with one "error:" line and no traceback, a tampered release is refused unless
---no-verify. The numbers themselves are checked against the maths in tests/unit/test_analysis_*.py."""
+--no-verify. The numbers themselves are checked against the maths in tests/unit/analysis/test_analysis_*.py."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def faults(prefect_server, tmp_path_factory):
     cases = _cases(base)
     (base / "cases.json").write_text(json.dumps(cases))
     # no helper processes: the driver forks every case from a parent that has imported GX already, and a helper per
-    # case would import it again (3 s of CPU each); helpers killed with their run: tests/unit/test_sidecar.py
+    # case would import it again (3 s of CPU each); helpers killed with their run: tests/unit/pipeline/test_sidecar.py
     env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT), "PRAM_NO_SIDECAR": "1"}
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "fault_runner.py"), str(base / "cases.json"),
                           str(base / "results.json"), "2"], env=env, cwd=ROOT, capture_output=True, text=True,

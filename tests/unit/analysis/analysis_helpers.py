@@ -1,4 +1,4 @@
-"""Helpers of the analysis tests (tests/unit/test_analysis_*.py): channels.json entries in the format real
+"""Helpers of the analysis tests (tests/unit/analysis/test_analysis_*.py): channels.json entries in the format real
 releases publish, dense channel matrices built by brute force from those entries, and a simulated world
 (a known joint distribution and continuous laws) released with numpy into a release folder.
 

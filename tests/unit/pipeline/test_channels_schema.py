@@ -29,7 +29,7 @@ from pram_lib.pipeline import publish
 
 pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = ROOT / "pram_lib" / "schemas" / "channels.schema.json"
 ROWS = 3_000
 SEED = 7

@@ -14,7 +14,7 @@ import synth
 from pram_lib.ops.ledger import Ledger, LedgerRefused, OverCap, reserve_for, settle_for
 from pram_lib.spec import SpecError, ledger_bound, load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXACT = [  # two channels whose ε is exactly the stated level: log 3 + 1
     synth.declared({"column": "colour", "channel": "rr-uniform", "gamma": 3.0}),
     synth.declared({"column": "size", "channel": "rr-uniform", "alpha": 1.0}),

@@ -184,7 +184,7 @@ def test_same_inputs_give_the_same_bytes_here_and_in_a_fresh_process_drawn_once_
     assert write_all(first) == write_all(second) == files
     here = {f: hashlib.sha256((first.tmp / f).read_bytes()).hexdigest() for f in files}
     assert here == {f: hashlib.sha256((second.tmp / f).read_bytes()).hexdigest() for f in files}
-    script = FRESH_PROCESS.format(tests=str(Path(__file__).resolve().parent.parent), root=str(tmp_path))
+    script = FRESH_PROCESS.format(tests=str(Path(__file__).resolve().parents[2]), root=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300)
     fresh = json.loads(out.stdout.strip().splitlines()[-1])
     assert fresh["files"] == files and len(files) == len(BAR_CATEGORIES) + 3

@@ -126,7 +126,7 @@ def test_valid_specs_load_with_their_budget(tmp_path, case):
     assert static_budget(spec) == pytest.approx(eps, rel=1e-12, abs=1e-12)
 
 
-BASE = Path(__file__).resolve().parents[1] / "synth.py"  # any readable text; the spec below is the one mutated
+BASE = Path(__file__).resolve().parents[2] / "synth.py"  # any readable text; the spec below is the one mutated
 VALID = yaml.safe_dump({"release": "r", "source": {"path": "x.csv"}, "budget": 3.0, "passthrough": ["a"],
                         "variables": [{"column": "b", "channel": "rr-uniform", "gamma": 3.0, "categories": ["u", "v"]},
                                       {"column": "c", "channel": "pram-optimal", "alpha": 1.0,

@@ -29,7 +29,7 @@ from pram_lib.core.operators import share_variance
 from pram_lib.pipeline.plan import plan_release
 from pram_lib.spec import SpecError, load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 N, REPS = 1000, 2000
 P_A = [0.5, 0.3, 0.15, 0.05]      # a public prior file: optimal PRAM's keep vector is not constant at α = 1
 P_D = [0.4, 0.3, 0.2, 0.1]        # invariant PRAM's prior file

@@ -16,7 +16,7 @@ import pytest
 
 from pram_lib.pipeline import sidecar
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow   # each pool spawns an interpreter that imports GX and matplotlib
 
 

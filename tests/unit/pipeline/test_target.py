@@ -246,7 +246,7 @@ def test_a_spec_with_targets_releases_end_to_end(tmp_path, monkeypatch, capsys):
 def test_the_example_spec_resolves_its_targets():
     """race: ±0.01 whatever the true shares. K-ary RR's estimate of a share is (m̂ − move)/d, of variance
     m(1 − m)/(n d²), largest at m = 1/2: z·0.5/(sqrt(n) d) = h gives d, then e^ε = (1 + (k − 1) d)/(1 − d)."""
-    spec = resolve_targets(load_spec(Path(__file__).resolve().parents[2] / "specs" / "adult-target.yaml"))
+    spec = resolve_targets(load_spec(Path(__file__).resolve().parents[3] / "specs" / "adult-target.yaml"))
     race = next(v for v in spec.variables if v.key == "race")
     d = Z * 0.5 / (0.01 * math.sqrt(32561))
     exact = math.log((1 + 4 * d) / (1 - d))                       # 5 races

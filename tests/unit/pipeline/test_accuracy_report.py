@@ -28,7 +28,7 @@ from test_plan import simulated_sd
 
 pytestmark = pytest.mark.slow   # module fixtures run whole releases (`make test-fast` leaves it out)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 Z = 1.959963984540054
 N = 3000
 P_B = [0.5, 0.3, 0.15, 0.05]                  # b's public prior file
