@@ -15,17 +15,16 @@ import pandas as pd
 COLOURS = ["blue", "green", "red"]
 SIZES = ["L", "M", "S", "XL"]
 DOMAINS = {"colour": COLOURS, "size": SIZES, "region": ["north", "south"]}
+SHARES = {"colour": [0.2, 0.3, 0.5], "size": [0.2, 0.3, 0.4, 0.1], "region": [0.6, 0.4]}   # source()'s, in DOMAINS order
 
 
 def source(n: int = 3_000, seed: int = 3) -> pd.DataFrame:
-    """Three categorical columns (public domains DOMAINS) and one continuous one."""
+    """Independent categorical columns (public domains DOMAINS, shares SHARES) and a Gamma(4, 10) `score` (mean 40,
+    variance 400)."""
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "colour": rng.choice(["red", "green", "blue"], size=n, p=[0.5, 0.3, 0.2]),
-        "size": rng.choice(["S", "M", "L", "XL"], size=n, p=[0.4, 0.3, 0.2, 0.1]),
-        "region": rng.choice(["north", "south"], size=n, p=[0.6, 0.4]),
-        "score": np.round(rng.gamma(4.0, 10.0, size=n), 1),
-    })
+    out = {c: rng.choice(DOMAINS[c], size=n, p=SHARES[c]) for c in DOMAINS}
+    out["score"] = np.round(rng.gamma(4.0, 10.0, size=n), 1)
+    return pd.DataFrame(out)
 
 
 VARIABLES: dict[str, dict] = {
@@ -39,7 +38,6 @@ VARIABLES: dict[str, dict] = {
     "pram-invariant": {"column": "colour", "channel": "pram-invariant", "min_diagonal": 0.6, "categories": COLOURS},
     "pram-keep": {"column": "size", "channel": "pram-keep", "categories": SIZES,
                   "keep": {"L": 0.8, "M": 0.6, "S": 0.7, "XL": 0.5}},
-    # group and continuous channels (their entries: the grp branch, whose examples_grp.py supersedes these)
     "rr-independent": {"columns": ["colour", "size"], "channel": "rr-independent", "alpha": 2.0,
                        "categories": {"colour": COLOURS, "size": SIZES}},
     "rr-joint": {"columns": ["colour", "size"], "channel": "rr-joint", "alpha": 2.0,

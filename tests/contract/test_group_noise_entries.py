@@ -1,4 +1,4 @@
-"""The contract of the group and continuous channel entries, checked on each entry's example (examples_grp.py):
+"""The contract of the group and continuous channel entries, checked on each entry's example (examples.py):
 
 * the privacy map the entry states from the spec alone is the guarantee of the channel the release builds;
 * the channel's channels.json form is the entry's codec: it passes pram_lib.core.codec's checks, as the release
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from examples_grp import DOMAINS, EXAMPLES, SHARES
+from examples import DOMAINS, EXAMPLES, SHARES
 from pram_lib.channels import gamma as g
 from pram_lib.channels import multi_rr as mr
 from pram_lib.core.codec import check_entry
@@ -48,15 +48,15 @@ def _built(tmp_path, variable: dict, df):
     return spec, spec.variables[0], a
 
 
-CASES = {**{name: make for name, make in EXAMPLES.items()},
+MINE = sorted(name for name, e in BY_NAME.items() if isinstance(e, (GroupEntry, NoiseEntry)))
+CASES = {**{name: EXAMPLES[name] for name in MINE},
          "rr-clusters, dependence measured": lambda: ({**EXAMPLES["rr-clusters"]()[0],
                                                         "clustering": {"T_v": 30, "T_d": 0.3, "alpha": 1.0}},
                                                        EXAMPLES["rr-clusters"]()[1])}
 
 
 def test_every_group_and_noise_entry_has_an_example():
-    mine = {name for name, e in BY_NAME.items() if isinstance(e, (GroupEntry, NoiseEntry))}
-    assert mine == set(EXAMPLES)
+    assert MINE and set(MINE) <= set(EXAMPLES)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

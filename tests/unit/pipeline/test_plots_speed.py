@@ -169,7 +169,7 @@ def counted(self, renderer):
     draws.append(1)
     return draw(self, renderer)
 matplotlib.figure.Figure.draw = counted
-from unit import test_plots_speed as t
+from unit.pipeline import test_plots_speed as t
 stage = t.new_stage(Path({root!r}), "fresh")
 files = t.write_all(stage)
 print(json.dumps({{"files": files, "draws": len(draws), "pyplot": "matplotlib.pyplot" in sys.modules,

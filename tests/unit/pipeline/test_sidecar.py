@@ -136,7 +136,7 @@ def test_a_helper_started_under_python_m_prefect_engine_does_not_import_prefect(
         "if __name__ == '__main__':\n"
         "    with sidecar.Helpers() as helpers:\n"
         "        print('worker has prefect:', helpers.submit(_prefect_loaded).result(), flush=True)\n")
-    path = os.pathsep.join([str(tmp_path), str(ROOT / "tests" / "unit"), str(ROOT)])
+    path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parent), str(ROOT)])
     out = subprocess.run([sys.executable, "-m", "engine_like"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
