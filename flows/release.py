@@ -9,12 +9,14 @@ from typing import Literal
 
 from prefect import flow
 
+from pram_lib.ops.panel import population_lock
 from pram_lib.pipeline import sidecar, stream
 from pram_lib.spec import check_streamable
 from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, open_source_task, perturb_chunks_task,
                           perturb_pass_task, profile_chunks_task, profile_pass_task, seed_task, source_unchanged_task)
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec, fixed_seed  # noqa: F401
-from tasks.results import estimate_task, internal_report_task, publish_task, stage_task, validate_task
+from tasks.results import (estimate_task, internal_report_task, publish_task, settle_panel_task, stage_task,
+                           validate_task)
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
 from tasks.run_log import load_spec_task, reserve_budget_task, start_run_task
 
@@ -65,7 +67,7 @@ def _release(run: ReleaseRun, spec) -> Path:
     """Two passes over the source's chunks (one chunk in memory; chunks on one core or mapped on Dask):
     profile, choose, perturb and write, estimate, validate, publish. The helper process (GX, plots) starts
     first, importing while this one reads; leaving the block, it has ended (its job under way finished first)."""
-    with sidecar.Helpers() as helpers:
+    with sidecar.Helpers() as helpers, population_lock(spec):   # one release of a longitudinal population at a time
         seed = seed_task(spec, run.run_id, run.seed)
         stage = run.stage = stage_task(spec)
         source_sha, refs = open_source_task(spec)
@@ -79,6 +81,8 @@ def _release(run: ReleaseRun, spec) -> Path:
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
         estimates, distributions, plot_files = estimate_task(spec, profile, plan, totals, stage, helpers)
         validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers))
+        settle_panel_task(spec, plan, totals)           # a longitudinal population's per-record ledger
+        run.panel = totals.panel_summary
         folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation,
                                            plot_files, run.started_at)
     run.settle()

@@ -70,6 +70,15 @@ class PopulationSpec(_Strict):
         return v
 
 
+class LongitudinalSpec(_Strict):
+    """Releases of the same people over time: each record's released value is memoized per (record, variable,
+    value) under the population's secret, and the population's ε is accounted per record (pram_lib.ops.panel)."""
+
+    key: str = Field(description="the source column that identifies a person across releases (never released)")
+    link: bool = Field(default=True, description="publish `panel_id`, a keyed pseudonym of the key, so analysts "
+                       "can estimate change between releases")
+
+
 class SourceSpec(_Strict):
     path: str
     format: Literal["csv", "parquet"] | None = None
@@ -178,6 +187,7 @@ class ReleaseSpec(_Strict):
     rows: int | None = Field(default=None, description="the planned number of records (public); read by "
                              "`pram-release plan` and to resolve a `target:` (a release counts its source)")
     population: PopulationSpec | None = None
+    longitudinal: LongitudinalSpec | None = None
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool | None = None          # the older switch: `csv: true` means csv is in `formats`
     formats: list[Annotated[str, BeforeValidator(_data_format)]] = Field(default_factory=lambda: ["parquet"])
@@ -500,6 +510,34 @@ def check_spec(spec: ReleaseSpec) -> None:
     if spec.engine.mode != "memory":
         check_streamable(spec, spec.engine.mode)
     check_static_budget(spec)
+    _check_longitudinal(spec)
+
+
+PANEL_ID = "panel_id"   # the released pseudonym column of a longitudinal release
+
+
+def _check_longitudinal(spec: ReleaseSpec) -> None:
+    """`longitudinal:` needs a population (its secret and per-record ledger), a key column that is neither released
+    nor perturbed, and an engine that keeps the per-record ledger in one process."""
+    lon = spec.longitudinal
+    if lon is None:
+        return
+    if spec.population is None:
+        raise spec.error(("longitudinal",), "longitudinal releases need a population: its secret and per-record "
+                         "ledger are kept per population", None,
+                         "add `population: {key: <name>, cap: <ε per person over all releases>}`")
+    released = {c for i, v in enumerate(spec.variables) for c, _, _ in family_of(v).released_names(v, i)}
+    released |= {c for v in spec.variables for c in v.names}
+    if lon.key in spec.passthrough:
+        raise spec.error(("longitudinal", "key"), "the record key is never released, so it cannot pass through",
+                         lon.key, f"remove {lon.key!r} from `passthrough:`")
+    if lon.key in released:
+        raise spec.error(("longitudinal", "key"), "the record key cannot also be a released variable", lon.key,
+                         "name the identifier column here and release other columns")
+    if PANEL_ID in released or PANEL_ID in spec.passthrough:
+        raise spec.error(("longitudinal", "link"), f"`{PANEL_ID}` is the released pseudonym of a linked "
+                         "longitudinal release, and a column of the spec has that name", PANEL_ID,
+                         "rename that column, or set `link: false`")
 
 
 def check_static_budget(spec: ReleaseSpec) -> None:
@@ -526,7 +564,8 @@ def _inside(a: Path, b: Path) -> bool:
 
 # -- the private store's files: one role each ------------------------------------------------------------
 AUDIT_FILE, AUDIT_HEAD_FILE, DEFAULT_LEDGER_FILE = "audit.jsonl", "audit.head.json", "ledger.sqlite"
-STORE_FOLDERS = ("seeds", "runs", "internal", "plans")   # seeds, run journals, internal reports, plans
+STORE_FOLDERS = ("seeds", "runs", "internal", "plans", "panels")   # seeds, run journals, internal reports, plans,
+# longitudinal populations (secret and per-record ledger)
 REGISTRY_FILE = "populations.sqlite"
 
 
@@ -744,6 +783,9 @@ def check_streamable(spec: ReleaseSpec, mode: str) -> None:
     (at load for the spec's own mode; again in the flow for a `--engine` override)."""
     if mode == "memory":
         return
+    if mode == "dask" and spec.longitudinal is not None:
+        raise spec.error(("engine", "mode"), "longitudinal releases keep the per-record ledger in one process: "
+                         "the dask engine does not run them yet", "dask", "use `mode: stream` or `mode: memory`")
     for i, v in enumerate(spec.variables):
         family_of(v).check_streamable(spec, i, v, mode)
 
@@ -754,6 +796,8 @@ def ledger_bound(spec: ReleaseSpec) -> float:
     `static_budget` when every DP variable's ε follows from the spec; an invariant-PRAM channel's ε
     depends on the data, so then the spec's `budget:` (the chosen channels are refused above it).
     """
+    if spec.longitudinal is not None:   # the per-record ledger bounds each record (pram_lib.ops.panel)
+        return 0.0
     if any(family_of(v).epsilon_from_data(v) for v in spec.variables):
         return float(spec.budget)
     return static_budget(spec)

@@ -14,10 +14,11 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.validate import failed_check_names
 from pram_lib.families import family_of
+from pram_lib.ops import panel
 from pram_lib.pipeline import figures, publish, release, sidecar, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.artifacts import post
-from tasks.privacy import ValidationGateFailed
+from tasks.privacy import ValidationGateFailed, about_the_spec
 from tasks.steps import mark, release_key, run_journal, step
 
 
@@ -83,6 +84,18 @@ def _gate(result: dict) -> dict:
     return result
 
 
+@step("settle-panel", inline=True)
+def settle_panel_task(spec, plan, totals) -> None:
+    """A longitudinal release: the population's per-record ledger is written before publication."""
+    if plan.memo is not None:
+        with about_the_spec():
+            try:
+                totals.panel_summary = panel.settle(spec, plan.memo, totals.panel)
+            except panel.PanelError as exc:
+                raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
+                                 "give each person one row; nothing was published or charged") from None
+
+
 @step("publish")
 def publish_task(spec, stage, plan, totals, estimates, distributions, validation, plot_files: list[str],
                  started) -> Path:
@@ -99,6 +112,8 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
     if any(isinstance(a.guarantee, NotDP) for a in assignments):
         processing.append("continuous variables: deconvolved curves from the row sample; mean and variance "
                           "from every row")
+    if totals.panel_summary is not None:
+        processing += panel.summary_lines(spec, totals.panel_summary)
     columns = list(totals.sample.columns) if totals.sample is not None else []
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
                                                   totals.rows, columns, started, plot_files, processing)

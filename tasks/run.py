@@ -51,6 +51,7 @@ class ReleaseRun:
         self.settled = False
         self.reserved = False             # the ledger holds a reservation of this run (to settle or cancel)
         self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)
+        self.panel: dict | None = None    # a longitudinal release's per-record ledger summary (counts only)
 
     # -- the run's bookkeeping, as a context manager ------------------------------------------------
     def __enter__(self) -> "ReleaseRun":
@@ -201,6 +202,10 @@ class ReleaseRun:
                          f"({spec.budget - spent:.4g} left) |")
             if spec.population is not None:
                 lines.append(f"| population {spec.population.key} | {self._ledger_line()} |")
+            if self.panel is not None:
+                from pram_lib.ops.panel import summary_lines
+
+                lines += [f"| longitudinal | {line} |" for line in summary_lines(spec, self.panel)]
         if err is not None:
             lines += ["", "## What failed", "", err.public.replace("\n", " "), "", "## Clean-up", ""]
             lines.append(f"- {'the release folder was published before the failure and stays (the audit vouches for it)' if self.folder is not None else 'nothing was published (the staging folder was removed)'}")

@@ -80,6 +80,8 @@ def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
 @step("settle-budget", inline=True)
 def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
     spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
+    if spent is not None and spec.longitudinal is not None:   # charged per record, in the panel ledger
+        spent = 0.0
     ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
 
 

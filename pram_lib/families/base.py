@@ -101,8 +101,10 @@ class Family(ABC):
 
     # -- pass 2 ----------------------------------------------------------------------------------------
     @abstractmethod
-    def perturb_chunk(self, plan, i: int, v, df: pd.DataFrame, start: int) -> tuple[dict, ChunkStats]:
-        """The chunk's released columns {name: values} and its statistics."""
+    def perturb_chunk(self, plan, i: int, v, df: pd.DataFrame, start: int, memo=None) -> tuple[dict, ChunkStats]:
+        """The chunk's released columns {name: values} and its statistics. `memo` (a longitudinal release's
+        pram_lib.ops.panel.MemoChunk): the rows' draws are permanent per (record, value), and rows it does not
+        admit (their record is at the cap) are released missing."""
 
     # -- from the folded statistics --------------------------------------------------------------------
     @abstractmethod

@@ -536,17 +536,21 @@ class Categorical(Family):
         vp = profile.variables[v.column]
         return CategoricalPlan(vp.categories, {key: j for j, key in enumerate(vp.strata)})
 
-    def perturb_chunk(self, plan, i, v, df, start):
+    def perturb_chunk(self, plan, i, v, df, start, memo=None):
         vplan: CategoricalPlan = plan.variables[v.key]
         channels = {vplan.strata[a.stratum]: a.channel for a in plan.by_column(v.column)}
         first = channels[0]
         codes = encode(df[v.column], vplan.categories, v.column)
         sidx = _stratum_index(plan, vplan, v, df)
         n_strata, k, k_out = len(vplan.strata), len(vplan.categories), first.n_outputs
+        if memo is not None:   # the value a record's draw is memoized on: its code within its stratum
+            admitted = memo.admit(v.key, codes + k * sidx if n_strata > 1 else codes, codes >= 0)
+            codes = codes if admitted.all() else np.where(admitted, codes, -1)
         if n_strata == 1:  # the kernel's output is the released column: no fill, no copy
-            out = first.perturb_codes(codes, at_row(plan.seed, (i, 0, PERTURB), start))
+            rng = at_row(plan.seed, (i, 0, PERTURB), start) if memo is None else Replay(memo.uniforms(v.key))
+            out = first.perturb_codes(codes, rng)
         else:  # each row draws its own uniform, whichever stratum's channel reads it
-            u = uniforms(plan.seed, (i, 0, PERTURB), start, codes.size)
+            u = uniforms(plan.seed, (i, 0, PERTURB), start, codes.size) if memo is None else memo.uniforms(v.key)
             out = np.full(codes.shape, -1, dtype=np.int64)
             for j, ch in channels.items():
                 rows = np.flatnonzero(sidx == j)

@@ -26,7 +26,7 @@ from pram_lib.core.operators import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
 from pram_lib.core.planning import Estimand, TargetCurve, VariablePlan, planning_grid
-from pram_lib.core.randomness import at_row
+from pram_lib.core.randomness import Replay, at_row
 from pram_lib.core.validate import channel_consistency_test
 from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct, unresolved_target_error
 from pram_lib.families.categorical import count_values
@@ -432,13 +432,24 @@ class Group(Family):
     def plan(self, v, profile) -> list[list[str]]:
         return profile.groups[v.key].categories
 
-    def perturb_chunk(self, plan, i, v, df, start):
+    def perturb_chunk(self, plan, i, v, df, start, memo=None):
         (a,) = plan.by_column(v.key)
         ch = a.channel
         src = group_codes_of(v, plan.variables[v.key], df)
-        z = mr.perturb_group(ch, src, [at_row(plan.seed, (i, 0, PERTURB, c), start) for c in range(len(ch.clusters))])
-        columns = {attr: pd.Categorical.from_codes(z[:, j], categories=list(cats))
+        admitted = None
+        if memo is None:
+            z = mr.perturb_group(ch, src, [at_row(plan.seed, (i, 0, PERTURB, c), start) for c in range(len(ch.clusters))])
+        else:   # memoized on the record's whole cell; a record at its cap is released missing in every attribute
+            admitted = memo.admit(v.key, np.ravel_multi_index(src.T, ch.sizes, mode="wrap"), np.ones(len(src), bool))
+            z = mr.perturb_group(ch, src, [Replay(memo.uniforms(v.key, c)) for c in range(len(ch.clusters))])
+            if admitted.all():
+                admitted = None
+        shown = z if admitted is None else np.where(admitted[:, None], z, -1)
+        if admitted is not None:   # the statistics describe the records released
+            src, z = src[admitted], z[admitted]
+        columns = {attr: pd.Categorical.from_codes(shown[:, j], categories=list(cats))
                    for j, (attr, cats) in enumerate(zip(ch.attributes, ch.categories))}
+        blocked = 0 if admitted is None else int(len(shown) - len(z))
         stats = GroupStats(
             [[np.bincount(mr.cell_codes(src, c, ch.sizes), minlength=k),
               np.bincount(mr.cell_codes(z, c, ch.sizes), minlength=k)] for c, k in zip(ch.clusters, ch.cluster_sizes)],
@@ -446,11 +457,13 @@ class Group(Family):
             {(p, q): np.bincount(z[:, p] * ch.sizes[q] + z[:, q], minlength=ch.sizes[p] * ch.sizes[q])
              for p in range(len(ch.sizes)) for q in range(p + 1, len(ch.sizes))
              if ch.sizes[p] * ch.sizes[q] <= MAX_PAIR_CELLS},
-            {attr: 0 for attr in ch.attributes})
+            {attr: blocked for attr in ch.attributes})
         if v.adjust:  # weights over the whole released table: the spec is one chunk (check_streamable)
-            columns[v.weight_column] = w = mr.rr_adjustment(ch, z, warn=False)
-            stats.adjusted = (z, w)
-            stats.missing[v.weight_column] = 0
+            w = np.full(len(shown), np.nan)
+            w[slice(None) if admitted is None else admitted] = mr.rr_adjustment(ch, z, warn=False)
+            columns[v.weight_column] = w
+            stats.adjusted = (z, w if admitted is None else w[admitted])
+            stats.missing[v.weight_column] = blocked
         return columns, stats
 
     def continuous(self, plan, v, assignments, stats, sample, level):

@@ -170,6 +170,13 @@ class NumericSketch:
         return self.values[np.argsort(self.keys, kind="stable")]
 
 
+def symmetric_quantile(noise, u: np.ndarray) -> np.ndarray:
+    """Inverse CDF of a symmetric noise law at u in (0, 1), from its inverse survival function (exact by symmetry:
+    F^-1(u) = -isf(u) below 1/2, isf(1 - u) above)."""
+    below = u < 0.5
+    return np.where(below, -1.0, 1.0) * np.asarray(noise.isf(np.where(below, u, 1.0 - u)), dtype=float)
+
+
 @dataclass
 class NoiseStats:
     sums: ExactSums
@@ -606,10 +613,15 @@ class Noise(Family):
         values = profile.numeric[v.column].values
         return float(np.mean(values)) if values.size else 0.0
 
-    def perturb_chunk(self, plan, i, v, df, start):
+    def perturb_chunk(self, plan, i, v, df, start, memo=None):
         (a,) = plan.by_column(v.column)
         x = to_release_scale(df[v.column].to_numpy(dtype=float), v.transform)
-        z = x + per_row(plan.seed, (i, 0, PERTURB), start, x.size, lambda rng, m: a.channel.noise.rvs(m, rng))
+        if memo is None:
+            z = x + per_row(plan.seed, (i, 0, PERTURB), start, x.size, lambda rng, m: a.channel.noise.rvs(m, rng))
+        else:   # the noise is memoized per (record, value): an unchanged value is released identically, a changed
+            # one gets a fresh draw (reusing the draw with a new value would reveal the change exactly)
+            x = np.where(memo.admit(v.key, x.view(np.int64), ~np.isnan(x)), x, np.nan)
+            z = x + symmetric_quantile(a.channel.noise, memo.open_uniforms(v.key))
         live = z[~np.isnan(z)]
         keep = plan.sample_rows(start, len(df))
         stats = NoiseStats(ExactSums.of(z, plan.variables[v.key], start), {v.column: int(np.isnan(z).sum())},

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pram_lib.ops.audit import utc_now
+from pram_lib.ops.panel import PanelStore
 from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, release_home
 
 LEDGER_FILE = "ledger.sqlite"
@@ -334,6 +335,10 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     if pop is None:
         return None
     eps = ledger_bound(spec)
+    if spec.longitudinal is None and PanelStore(spec.resolve(spec.private_store), pop.key).exists():
+        raise _refusal(spec, ("population", "key"), f"population {pop.key!r} is released with `longitudinal:` "
+                       "(its ε is accounted per record); a release without it would bypass that ledger", pop.key,
+                       "add the population's `longitudinal: {key: ...}` to this spec, or use a new population key")
     ledger = _checked(spec, ledger_path(spec))   # before the registry records it
     ledger = _checked(spec, _registered(spec, register=True))
     try:

@@ -31,6 +31,7 @@ from pram_lib.spec import ReleaseSpec, SpecError
 # -- read ---------------------------------------------------------------------------------------
 def needed_columns(spec: ReleaseSpec) -> list[str]:
     cols = [c for v in spec.variables for c in v.names] + list(spec.passthrough)
+    cols += [spec.longitudinal.key] if spec.longitudinal else []
     return list(dict.fromkeys(cols))
 
 
@@ -88,6 +89,9 @@ def check_columns(spec: ReleaseSpec, header: list[str]) -> None:
     for j, c in enumerate(spec.passthrough):
         if c not in present:
             raise spec.error(("passthrough", j), "column not in the source", c, f"use one of {sorted(present)[:30]}")
+    if spec.longitudinal and spec.longitudinal.key not in present:
+        raise spec.error(("longitudinal", "key"), "column not in the source", spec.longitudinal.key,
+                         f"use one of {sorted(present)[:30]}")
 
 
 # -- choose channels -------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +33,13 @@ from pram_lib.families import family_of
 from pram_lib.families.base import exact
 from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
+from pram_lib.core.memo import KeyedPrf
 from pram_lib.ops.audit import seal_file, sha256_file
+from pram_lib.ops.panel import Memo, PanelChunk, PanelError, PanelStore
 from pram_lib.pipeline import formats, sidecar
-from pram_lib.pipeline.release import UNREADABLE, check_columns, csv_options, needed_columns, source_read_error
-from pram_lib.spec import ReleaseSpec
+from pram_lib.pipeline.release import (UNREADABLE, check_columns, csv_options, needed_columns, source_read_error,
+                                       spent_by_variable)
+from pram_lib.spec import PANEL_ID, ReleaseSpec
 
 PART = "part-{:05d}"
 DATA_DIR = "data"       # the release's Parquet parts: one table, read with pandas.read_parquet(folder / "data");
@@ -417,6 +422,7 @@ class Plan:
     sample_p: float                # share of rows kept in the validation sample
     engine: str = "stream"         # memory: the source is one chunk, written as data.parquet
     labels: formats.Labels | None = None   # value and variable labels, when the spec asks for dta or sav
+    memo: Memo | None = field(default=None, repr=False)   # a longitudinal release's keyed draws (private)
 
     def by_column(self, column: str) -> list[Assignment]:
         return [a for a in self.assignments if a.column == column]
@@ -445,7 +451,35 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
                 {c: info["dtype"] for c, info in profile.passthrough.items()},
                 None if out_dir is None else str(out_dir),
                 1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine,
-                formats.release_labels(spec, profile, assignments) if packages else None)
+                formats.release_labels(spec, profile, assignments) if packages else None,
+                panel_memo(spec, assignments) if spec.longitudinal else None)
+
+
+def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, str]:
+    """Each variable's channels as published (channels.json entries), hashed: a changed channel is a new draw."""
+    out = {}
+    for v in spec.variables:
+        alist = [a for a in assignments if a.column == v.key]
+        text = json.dumps(family_of(v).channel_entries(spec, v, alist), sort_keys=True, default=str)
+        out[v.key] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return out
+
+
+def panel_memo(spec: ReleaseSpec, assignments: list[Assignment]) -> Memo:
+    """A longitudinal release's memo: the population's secret and per-record ledger, each variable's ε per distinct
+    value and channel fingerprint. The ε the population spent without per-record accounting counts for everyone."""
+    from pram_lib.ops.ledger import ledger_for
+
+    pop = spec.population
+    store = PanelStore(spec.resolve(spec.private_store), pop.key)
+    spent = spent_by_variable(assignments)
+    try:
+        secret, state = store.secret(), store.load()
+    except PanelError as exc:
+        raise spec.error(("population", "key"), str(exc), pop.key) from None
+    return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
+                ledger_for(spec).spent(pop.key), {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
+                channel_fingerprints(spec, assignments))
 
 
 @dataclass
@@ -461,6 +495,8 @@ class ChunkResult:
     key_cells: KeyCells | None = None             # released key combinations (the risk measures)
     files: list[str] = field(default_factory=list)
     sealed: dict[str, dict] = field(default_factory=dict)   # file -> manifest entry, made as it was written
+    panel: PanelChunk | None = field(default=None, repr=False)   # a longitudinal release's per-record accounting
+    panel_summary: dict | None = None             # its ledger summary once settled (counts only)
 
 
 def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool = True,
@@ -470,9 +506,13 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     spec = plan.spec
     res = ChunkResult([ref.index], len(df))
     released: dict[str, object] = {}
+    memo = None if plan.memo is None else plan.memo.chunk(df)
+    if memo is not None and spec.longitudinal.link:
+        released[PANEL_ID] = memo.panel_ids()
     for i, v in enumerate(spec.variables):
-        columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start)
+        columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start, memo)
         released.update(columns)
+    res.panel = None if memo is None else memo.out
     for c in spec.passthrough:
         s = df[c]
         want = plan.passthrough_dtypes[c]
@@ -618,6 +658,8 @@ def merge_results(parts: list[ChunkResult]) -> ChunkResult:
         out.files += p.files
         out.sealed.update(p.sealed)
         out.key_cells = _fold_cells(out.key_cells, p.key_cells)
+        if p.panel is not None:
+            out.panel = p.panel if out.panel is None else out.panel + p.panel
     samples = [p for p in parts if p.sample is not None]
     if samples:
         at = np.concatenate([p.sample_at for p in samples])

@@ -1,0 +1,325 @@
+"""Longitudinal populations: permanent randomisation keyed by record, and the per-record ε ledger.
+
+A population released with `longitudinal: {key: ...}` has a secret in its private store
+(`panels/<population>/secret.key`, 32 random bytes from `secrets`; never in Prefect, never published; a lost
+secret is a new population). Every protected value is released through the channel's own sampler fed with a
+uniform from a keyed pseudorandom function of (secret, record, variable, channel, true value)
+(pram_lib.core.memo), so a record whose value did not change is released identically every time, and a changed
+value gets its own permanent draw.
+
+The per-record ledger (`records.npz` beside the secret) keeps, per record, keyed hashes only: the record's tag,
+its cumulative ε, and per variable the pair tag (record, value) last released and every pair tag released
+before. A record pays a variable's ε once per distinct value released for it; a record whose next new value
+would pass the population's cap has that variable released as missing (it pays nothing more).
+Writes are atomic (a temporary file renamed) and one release at a time holds the population's lock
+(`fcntl.flock`, the standard library's advisory file lock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.core.memo import KeyedPrf, record_ids, tag_of
+
+PANEL_FOLDER = "panels"
+SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npz", "lock"
+SECRET_BYTES = 32
+ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
+RECORD_TAG = tag_of("record")
+
+
+class PanelError(ValueError):
+    """The population's private panel files are unusable; nothing was written."""
+
+
+def panel_folder(store: Path, population: str) -> Path:
+    return Path(store) / PANEL_FOLDER / population
+
+
+@dataclass
+class PanelState:
+    """What the private store keeps of a longitudinal population: keyed hashes and per-record ε, never a key or
+    a value."""
+
+    records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, in arrival order
+    loss: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))      # cumulative ε per record
+    last: dict[str, np.ndarray] = field(default_factory=dict)     # variable -> last released pair tag (0: none)
+    history: dict[str, np.ndarray] = field(default_factory=dict)  # variable -> every pair tag released, sorted
+    channels: dict[str, str] = field(default_factory=dict)        # variable -> fingerprint of its last channel
+    releases: int = 0
+    _index: pd.Index | None = field(default=None, repr=False)
+
+    def positions(self, rtag: np.ndarray) -> np.ndarray:
+        """Each record's row in the ledger, -1 for a record never released (a hash join, pandas.Index)."""
+        if self._index is None:
+            self._index = pd.Index(self.records)
+        return self._index.get_indexer(rtag) if self.records.size else np.full(rtag.size, -1, dtype=np.intp)
+
+    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray) -> np.ndarray:
+        """Whether each (record, value) pair was released before: the record's last pair first (most records),
+        then the sorted history for the rest (np.searchsorted)."""
+        out = np.zeros(pair.size, dtype=bool)
+        last = self.last.get(variable)
+        if last is None or not self.records.size:
+            return out
+        known = pos >= 0
+        out[known] = last[pos[known]] == pair[known]
+        rest = np.flatnonzero(known & ~out)
+        hist = self.history[variable]
+        if rest.size and hist.size:
+            at = np.minimum(np.searchsorted(hist, pair[rest]), hist.size - 1)
+            out[rest] = hist[at] == pair[rest]
+        return out
+
+    def loss_of(self, pos: np.ndarray) -> np.ndarray:
+        out = np.zeros(pos.size)
+        known = pos >= 0
+        out[known] = self.loss[pos[known]]
+        return out
+
+
+class PanelStore:
+    """One longitudinal population's private files."""
+
+    def __init__(self, store: Path, population: str):
+        self.folder = panel_folder(store, population)
+
+    def secret(self) -> bytes:
+        """The population's secret, made on first use (O_EXCL: two first runs cannot make two)."""
+        path = self.folder / SECRET_FILE
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            data = path.read_bytes()
+            if len(data) != SECRET_BYTES:
+                raise PanelError(f"{path}: not a population secret ({len(data)} bytes, {SECRET_BYTES} expected); "
+                                 "restore it from the private store's backup, or release under a new population "
+                                 "key (a new secret is a new population)") from None
+            return data
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(SECRET_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        return path.read_bytes()
+
+    def exists(self) -> bool:
+        return (self.folder / STATE_FILE).is_file() or (self.folder / SECRET_FILE).is_file()
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """One release of the population at a time, across processes."""
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.folder / LOCK_FILE, "a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def load(self) -> PanelState:
+        path = self.folder / STATE_FILE
+        if not path.is_file():
+            return PanelState()
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                names = [str(n) for n in z["variables"]]
+                return PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
+                                  {n: z[f"history_{j}"] for j, n in enumerate(names)},
+                                  dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
+        except (OSError, ValueError, KeyError) as exc:
+            raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
+                             "store's backup (releasing without it would charge every record afresh)") from None
+
+    def save(self, state: PanelState) -> None:
+        """Atomically: a temporary file, fsync'd, renamed over the old one."""
+        names = sorted(state.last)
+        arrays = {"records": state.records, "loss": state.loss, "variables": np.array(names, dtype=str),
+                  "channels": np.array([state.channels.get(n, "") for n in names], dtype=str),
+                  "releases": np.array(state.releases)}
+        for j, n in enumerate(names):
+            arrays[f"last_{j}"], arrays[f"history_{j}"] = state.last[n], state.history[n]
+        tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.folder / STATE_FILE)
+
+
+@dataclass
+class PanelChunk:
+    """One chunk's per-record accounting: the records' tags, the ε each paid, and per variable the pair tag of
+    the value released (0: none) and whether it was new."""
+
+    rtag: np.ndarray
+    charge: np.ndarray
+    pairs: dict[str, np.ndarray] = field(default_factory=dict)
+    new: dict[str, np.ndarray] = field(default_factory=dict)
+    blocked: dict[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: "PanelChunk") -> "PanelChunk":
+        return PanelChunk(np.concatenate([self.rtag, other.rtag]), np.concatenate([self.charge, other.charge]),
+                          {v: np.concatenate([p, other.pairs[v]]) for v, p in self.pairs.items()},
+                          {v: np.concatenate([p, other.new[v]]) for v, p in self.new.items()},
+                          {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()})
+
+
+@dataclass
+class Memo:
+    """What pass 2 needs to memoize a longitudinal release (private: ship only to trusted workers)."""
+
+    prf: KeyedPrf = field(repr=False)
+    state: PanelState = field(repr=False)
+    key: str
+    cap: float
+    base: float                      # ε the population spent in releases without per-record accounting
+    epsilon: dict[str, float]        # variable -> ε per distinct value released
+    fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
+
+    def record_ids(self, df: pd.DataFrame) -> np.ndarray:
+        """The chunk's record ids (pandas' hash of the key; the PRF keys them): a missing key is refused."""
+        keys = df[self.key]
+        if keys.dtype.kind == "f":
+            whole = keys.notna() & (keys == np.round(keys))
+            keys = keys.astype("Int64") if bool(whole.all()) else keys.astype(str)
+        return record_ids(keys)
+
+    def chunk(self, df: pd.DataFrame) -> "MemoChunk":
+        rid = self.record_ids(df)
+        rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
+        pos = self.state.positions(rtag)
+        return MemoChunk(self, rid, pos, PanelChunk(rtag, np.zeros(rid.size)), self.base + self.state.loss_of(pos))
+
+    def settled(self, totals: PanelChunk) -> tuple[PanelState, dict]:
+        """The ledger after this release, and its summary (counts only)."""
+        old = self.state
+        rt = totals.rtag
+        if np.unique(rt).size != rt.size:
+            raise PanelError(f"the key column {self.key!r} names {rt.size - np.unique(rt).size} record(s) more than "
+                             "once: a longitudinal release has one row per person")
+        pos = old.positions(rt)
+        fresh = pos < 0
+        pos = pos.copy()
+        pos[fresh] = old.records.size + np.arange(int(fresh.sum()))
+        n = old.records.size + int(fresh.sum())
+        records = np.concatenate([old.records, rt[fresh]])
+        loss = np.concatenate([old.loss, np.zeros(n - old.records.size)])
+        loss[pos] += totals.charge
+        last, history = {}, {}
+        for v in self.epsilon:
+            lv = np.zeros(n, dtype=np.uint64)
+            if v in old.last:
+                lv[:old.records.size] = old.last[v]
+            pair = totals.pairs[v]
+            released = pair != 0
+            lv[pos[released]] = pair[released]
+            last[v] = lv
+            history[v] = np.sort(np.concatenate([old.history.get(v, np.empty(0, np.uint64)),
+                                                 pair[totals.new[v]]]), kind="stable")
+        state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
+        paid = totals.charge > 0
+        smallest = min((e for e in self.epsilon.values() if e > 0), default=0.0)
+        total = self.base + loss[pos]
+        summary = {"release": state.releases, "records": int(rt.size), "new_records": int(fresh.sum()),
+                   "paid_nothing": int((~paid).sum()), "paid": int(paid.sum()),
+                   "largest_charge": float(totals.charge.max()) if rt.size else 0.0,
+                   "at_cap": int((total + smallest > self.cap + ROUNDING).sum()) if smallest else 0,
+                   "largest_loss": float(total.max()) if rt.size else 0.0, "cap": self.cap,
+                   "blocked": {v: int(b) for v, b in totals.blocked.items() if b},
+                   "channel_changed": sorted(v for v, fp in self.fingerprints.items()
+                                             if v in old.channels and old.channels[v] != fp),
+                   "changed_values": {v: int(totals.new[v][~fresh].sum()) for v in self.epsilon}}
+        return state, summary
+
+
+class MemoChunk:
+    """A chunk's memoized randomness and its accounting, variable by variable in spec order: `admit` charges the
+    records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
+
+    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, out: PanelChunk, loss: np.ndarray):
+        self.memo, self.rid, self.pos, self.out, self.loss = memo, rid, pos, out, loss
+        self._hash: dict[str, np.ndarray] = {}
+
+    def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """Which rows release `variable` (the others are released missing): a value seen before for the record is
+        free, a new one costs the variable's ε if the record stays within the cap."""
+        memo = self.memo
+        h = memo.prf.hashes(self.rid, tag_of("pair", variable, memo.fingerprints[variable]),
+                            np.asarray(words).astype(np.int64, copy=False).view(np.uint64))
+        self._hash[variable] = h
+        new = live & ~memo.state.seen(variable, self.pos, h)
+        eps = memo.epsilon[variable]
+        ok = np.ones(h.size, dtype=bool)
+        if eps > 0:
+            ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
+            paid = new & ok
+            self.loss[paid] += eps
+            self.out.charge[paid] += eps
+        released = live & ok
+        self.out.pairs[variable] = np.where(released, h, np.uint64(0))
+        self.out.new[variable] = new & ok
+        self.out.blocked[variable] = int((~ok).sum())
+        return ok
+
+    def uniforms(self, variable: str, part: int = 0) -> np.ndarray:
+        """Each row's permanent uniform for `variable` (its `part`-th independent one, e.g. per cluster)."""
+        h = self._hash[variable]
+        return self.memo.prf.uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
+
+    def open_uniforms(self, variable: str, part: int = 0) -> np.ndarray:
+        h = self._hash[variable]
+        return self.memo.prf.open_uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
+
+    def panel_ids(self) -> np.ndarray:
+        """The released pseudonym of each row: 53 bits of a keyed hash of the record (not its ledger tag), an
+        int64 that every format keeps exactly (Stata and SPSS hold numbers as doubles)."""
+        h = self.memo.prf.hashes(self.rid, tag_of("panel_id"), np.zeros(self.rid.size, dtype=np.uint64))
+        return (h >> np.uint64(11)).astype(np.int64)
+
+
+@contextmanager
+def population_lock(spec) -> Iterator[None]:
+    """Held by a longitudinal release from reading the per-record ledger to writing it back (nothing otherwise)."""
+    if spec.longitudinal is None:
+        yield
+        return
+    with PanelStore(spec.resolve(spec.private_store), spec.population.key).locked():
+        yield
+
+
+def settle(spec, memo: Memo, totals: PanelChunk) -> dict:
+    """Write the population's per-record ledger after this release (before it is published: a crash between the
+    two over-charges, never under-charges) and return its summary (counts only)."""
+    state, summary = memo.settled(totals)
+    PanelStore(spec.resolve(spec.private_store), spec.population.key).save(state)
+    return summary
+
+
+def summary_lines(spec, summary: dict) -> list[str]:
+    """The report's and the run summary's account of a longitudinal release (counts, no values)."""
+    lines = [f"releases of the same people: release {summary['release']} of population `{spec.population.key}` "
+             f"with permanent randomisation keyed by record (the key column `{spec.longitudinal.key}` is not "
+             "released" + ("; `panel_id` is its keyed pseudonym" if spec.longitudinal.link else "") + ")",
+             f"per-record ε ledger: of {summary['records']:,} records ({summary['new_records']:,} new), "
+             f"{summary['paid_nothing']:,} paid nothing (every value released before), {summary['paid']:,} paid "
+             f"(at most ε = {summary['largest_charge']:.4g}); the largest cumulative ε of a record is "
+             f"{summary['largest_loss']:.4g} of the cap {summary['cap']:g}; {summary['at_cap']:,} records can "
+             "release no new value"]
+    if summary["blocked"]:
+        lines.append("at the cap: a record whose new value would pass the cap has that variable released as "
+                     "missing (" + ", ".join(f"`{v}` {n:,}" for v, n in summary["blocked"].items()) + " rows); "
+                     "estimates then describe the other records, which biases them if those records differ")
+    if summary["channel_changed"]:
+        lines.append("channel changed since the last release, so every record was charged afresh: " +
+                     ", ".join(f"`{v}`" for v in summary["channel_changed"]))
+    return lines
