@@ -1,0 +1,278 @@
+"""Longitudinal releases: permanent randomisation keyed by record, and the per-record ε ledger (pram_lib.ops.panel).
+
+Releases are made by the engine's two passes as the flow runs them (no Prefect; the flow itself is in
+tests/system/test_longitudinal_flow.py): profile, choose, perturb with every row sampled, settle the ledger.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from pram_lib.core.memo import KeyedPrf, record_ids
+from pram_lib.ops import panel
+from pram_lib.pipeline import release, stream
+from pram_lib.spec import SpecError, load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "contract"))
+from examples import DOMAINS, VARIABLES, source  # noqa: E402
+
+CUSTOM = np.array(VARIABLES["pram-custom"]["matrix"])
+EPS_SIZE = math.log(4.0)                                   # rr-uniform, gamma 4
+EPS_COLOUR = float(np.log(np.max(CUSTOM[:, None, :] / CUSTOM[None, :, :])))   # max over z of T[x,z]/T[x',z]
+
+
+def spec_file(tmp: Path, variables: list[dict], cap: float = 100.0, link: bool = True, **extra) -> Path:
+    doc = {"release": "panel", "source": {"path": "src.csv"}, "output": "out", "private_store": "private",
+           "budget": 20.0, "population": {"key": "people", "cap": cap},
+           "longitudinal": {"key": "person_id", "link": link}, "variables": variables, **extra}
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def release_once(tmp: Path, df: pd.DataFrame, spec_path: Path, seed: int):
+    """One longitudinal release of `df` (every row in the returned sample) and its ledger summary."""
+    df.to_csv(tmp / "src.csv", index=False)
+    spec = load_spec(spec_path).on_engine("memory")
+    with panel.population_lock(spec):
+        profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))
+        assignments = release.choose_channels(spec, profile, seed)
+        plan = stream.make_plan(spec, profile, assignments, seed, None, "memory", sample_all=True)
+        totals = stream.perturb_pass(plan)
+        summary = panel.settle(spec, plan.memo, totals.panel)
+    return totals.sample, summary, spec
+
+
+def population(n: int = 3000, seed: int = 3) -> pd.DataFrame:
+    df = source(n, seed)
+    df.insert(0, "person_id", 1_000_003 + 7 * np.arange(n))
+    return df
+
+
+def next_month(df: pd.DataFrame, rng, changed: float = 0.05, new: float = 0.02, columns=("size", "colour")):
+    """`changed` of the records get a different value in each column (a different category, so the change is
+    real), and `new` more records join."""
+    out = df.copy()
+    for c in columns:
+        rows = np.flatnonzero(rng.random(len(out)) < changed)
+        cats = DOMAINS[c]
+        now = pd.Index(cats).get_indexer(out[c].iloc[rows])
+        out.loc[out.index[rows], c] = np.array(cats)[(now + rng.integers(1, len(cats), rows.size)) % len(cats)]
+    joined = population(int(round(new * len(df))), seed=int(rng.integers(1 << 30)))
+    joined["person_id"] = out["person_id"].max() + 1 + np.arange(len(joined))
+    return pd.concat([out, joined], ignore_index=True)
+
+
+def losses(spec, keys) -> np.ndarray:
+    """The ledger's cumulative ε of each record of `keys`, found by its keyed tag (as the engine finds it)."""
+    store = panel.PanelStore(spec.resolve(spec.private_store), spec.population.key)
+    state, prf = store.load(), KeyedPrf(store.secret())
+    rtag = prf.hashes(record_ids(pd.Series(keys)), panel.RECORD_TAG, np.zeros(len(keys), dtype=np.uint64))
+    pos = state.positions(rtag)
+    assert (pos >= 0).all()
+    return state.loss[pos]
+
+
+VARS = [VARIABLES["rr-uniform"], VARIABLES["pram-custom"], VARIABLES["laplace-noise"]]
+
+
+def test_two_releases_memoize_unchanged_values_and_charge_only_changes(tmp_path):
+    spec_path = spec_file(tmp_path, VARS)
+    first = population()
+    r1, s1, spec = release_once(tmp_path, first, spec_path, seed=1)
+    second = next_month(first, np.random.default_rng(11))
+    r2, s2, _ = release_once(tmp_path, second, spec_path, seed=2)   # another run seed: the draws do not depend on it
+
+    both = r2["panel_id"].isin(r1["panel_id"]).to_numpy()
+    assert both.sum() == len(first) and (r2["panel_id"].iloc[:len(first)].to_numpy() == r1["panel_id"].to_numpy()).all()
+    old, new = first.reset_index(drop=True), second.iloc[:len(first)].reset_index(drop=True)
+    for c in ("size", "colour"):
+        same = (old[c] == new[c]).to_numpy()
+        assert 0.9 < same.mean() < 0.99
+        assert (r1[c].to_numpy()[same] == r2[c].to_numpy()[:len(first)][same]).all()   # identical, every one
+    assert np.array_equal(r1["score"].to_numpy(), r2["score"].to_numpy()[:len(first)])   # score did not change
+
+    changed_size = (old["size"] != new["size"]).to_numpy()
+    changed_colour = (old["colour"] != new["colour"]).to_numpy()
+    joined = len(second) - len(first)
+    assert s1["paid"] == len(first) and s2["new_records"] == joined
+    assert s2["paid"] == int((changed_size | changed_colour).sum()) + joined
+    assert s2["changed_values"] == {"size": int(changed_size.sum()), "colour": int(changed_colour.sum()), "score": 0}
+    want = EPS_SIZE * (1 + changed_size) + EPS_COLOUR * (1 + changed_colour)
+    assert np.allclose(losses(spec, old["person_id"]), want, rtol=0, atol=1e-12)
+    assert np.allclose(losses(spec, second["person_id"].iloc[len(first):]), EPS_SIZE + EPS_COLOUR, atol=1e-12)
+
+
+def test_a_value_released_before_is_free_again_and_gets_its_first_draw(tmp_path):
+    spec_path = spec_file(tmp_path, VARS[:1])
+    a = population(2000)
+    r1, _, spec = release_once(tmp_path, a, spec_path, seed=1)
+    b = a.copy()
+    b["size"] = b["size"].replace({"L": "M", "M": "L"})      # everyone in L or M swaps; the others keep theirs
+    r2, _, _ = release_once(tmp_path, b, spec_path, seed=2)
+    r3, s3, _ = release_once(tmp_path, a, spec_path, seed=3)   # and back
+    assert (r3["size"].to_numpy() == r1["size"].to_numpy()).all()
+    assert s3["paid"] == 0
+    swapped = a["size"].isin(["L", "M"]).to_numpy()
+    assert np.allclose(losses(spec, a["person_id"]), EPS_SIZE * (1 + swapped), atol=1e-12)
+
+
+def test_a_group_is_memoized_on_its_cell(tmp_path):
+    spec_path = spec_file(tmp_path, [VARIABLES["rr-clusters"]])
+    a = population(2000)
+    r1, _, _ = release_once(tmp_path, a, spec_path, seed=1)
+    b = next_month(a, np.random.default_rng(4), new=0.0, columns=("region",))
+    r2, s2, _ = release_once(tmp_path, b, spec_path, seed=2)
+    same = (a["region"] == b["region"]).to_numpy()
+    cols = ["colour", "size", "region"]
+    assert (r1[cols].to_numpy()[same] == r2[cols].to_numpy()[same]).all()
+    assert s2["paid"] == int((~same).sum())
+
+
+def test_thirty_six_monthly_releases_stay_under_a_cap_fresh_randomisation_exhausts_in_two(tmp_path):
+    per_release = EPS_SIZE + EPS_COLOUR
+    cap = 1.5 * per_release                     # fresh draws every month: 2 * per_release > cap at month two
+    spec_path = spec_file(tmp_path, VARS[:2], cap=cap)
+    rng = np.random.default_rng(36)
+    df = population(1500)
+    blocked = 0
+    for month in range(36):
+        out, summary, spec = release_once(tmp_path, df, spec_path, seed=month)
+        assert summary["largest_loss"] <= cap + 1e-12
+        blocked += sum(summary["blocked"].values())
+        # a record whose new value would pass the cap releases that variable as missing, and pays nothing
+        assert out["size"].isna().sum() + out["colour"].isna().sum() == sum(summary["blocked"].values())
+        df = next_month(df, rng, changed=0.005, new=0.01)
+    assert summary["release"] == 36 and (losses(spec, df["person_id"].iloc[:len(out)]) <= cap + 1e-12).all()
+    assert blocked > 0          # the cap did bind for some records that changed more than it allows
+
+
+def test_the_private_store_holds_no_raw_key_or_value(tmp_path):
+    spec_path = spec_file(tmp_path, VARS)
+    df = population(1000)
+    release_once(tmp_path, df, spec_path, seed=1)
+    release_once(tmp_path, next_month(df, np.random.default_rng(2)), spec_path, seed=2)
+    folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
+    blob = b"".join(p.read_bytes() for p in folder.iterdir())
+    keys = df["person_id"].to_numpy(dtype=np.int64)
+    for k in keys[:200]:
+        assert int(k).to_bytes(8, "little") not in blob and str(k).encode() not in blob
+    for label in ("blue", "green", "north", "south"):
+        assert label.encode() not in blob
+    with np.load(folder / panel.STATE_FILE) as z:
+        ints = np.concatenate([z[n].view(np.int64).ravel() for n in z.files if z[n].dtype.kind in "iu"])
+    assert not np.isin(keys, ints).any()
+    assert not np.isin(np.round(df["score"].to_numpy(), 1).view(np.int64), ints).any()
+
+
+def test_a_changed_channel_charges_everyone_afresh_and_says_so(tmp_path):
+    a = population(1000)
+    release_once(tmp_path, a, spec_file(tmp_path, VARS[:1]), seed=1)
+    other = dict(VARIABLES["rr-uniform"], gamma=3.0)
+    r2, s2, spec = release_once(tmp_path, a, spec_file(tmp_path, [other]), seed=2)
+    assert s2["channel_changed"] == ["size"] and s2["paid"] == len(a)
+    assert np.allclose(losses(spec, a["person_id"]), EPS_SIZE + math.log(3.0), atol=1e-12)
+
+
+# -- the privacy claim, by brute force on a small domain -----------------------------------------------------------
+def joint_law(channel: np.ndarray, history: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+    """P(released sequence | true history) under memoization: one draw per distinct value, reused."""
+    values = sorted(set(history))
+    law: dict[tuple[int, ...], float] = {}
+    for draws in itertools.product(range(channel.shape[1]), repeat=len(values)):
+        p = math.prod(channel[v, z] for v, z in zip(values, draws))
+        out = tuple(draws[values.index(x)] for x in history)
+        law[out] = law.get(out, 0.0) + p
+    return law
+
+
+def pattern(history) -> tuple[int, ...]:
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(x, len(first)) for x in history)
+
+
+def test_the_ledger_charges_the_epsilon_of_the_joint_release_by_brute_force():
+    """For one record and k = 3 releases over a 3-category domain, between any two histories with the same
+    pattern of changes the joint law of its released values has privacy loss at most m·ε, m = the number of
+    distinct values (what the ledger charges), reached where the domain allows; the pattern itself is not protected (a change shows with positive
+    probability, which the README states)."""
+    eps = EPS_COLOUR
+    histories = list(itertools.product(range(3), repeat=3))
+    worst: dict[int, float] = {}
+    for h1, h2 in itertools.product(histories, repeat=2):
+        l1, l2 = joint_law(CUSTOM, h1), joint_law(CUSTOM, h2)
+        if pattern(h1) != pattern(h2):
+            assert set(l1) != set(l2) or len(set(h1)) == 1   # different patterns: some outputs only one can make
+            continue
+        m = len(set(h1))
+        loss = max(abs(math.log(l1[z] / l2[z])) for z in l1)
+        worst[m] = max(worst.get(m, 0.0), loss)
+    assert sorted(worst) == [1, 2, 3] and all(worst[m] <= m * eps + 1e-12 for m in worst)   # the charge bounds it
+    assert worst[1] == pytest.approx(eps, abs=1e-12) and worst[2] == pytest.approx(2 * eps, abs=1e-12)   # and is tight
+    # (three distinct values in a three-category domain are two permutations of it: the bound is not reached)
+
+
+def test_the_engine_draws_follow_the_memoized_law(tmp_path):
+    """20,000 records with the history (red, red, blue) through three real releases: the empirical law of their
+    released triples matches joint_law (total variation below 0.02; its standard error here is about 0.006)."""
+    spec_path = spec_file(tmp_path, [VARIABLES["pram-custom"]])
+    n = 20_000
+    df = pd.DataFrame({"person_id": np.arange(n), "colour": "red"})
+    triples = []
+    for month, colour in enumerate(["red", "red", "blue"]):
+        out, _, spec = release_once(tmp_path, df.assign(colour=colour), spec_path, seed=month)
+        triples.append(pd.Index(DOMAINS["colour"]).get_indexer(out["colour"]))
+    counts = pd.Series(list(zip(*triples))).value_counts() / n
+    law = joint_law(CUSTOM, (2, 2, 0))
+    tv = 0.5 * sum(abs(counts.get(z, 0.0) - p) for z, p in law.items()) + 0.5 * counts.drop(list(law), errors="ignore").sum()
+    assert tv < 0.02
+    assert np.allclose(losses(spec, df["person_id"]), 2 * EPS_COLOUR, atol=1e-12)
+
+
+# -- the spec ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, field, words", [
+    (dict(passthrough=["person_id"]), "longitudinal.key", "never released"),
+    (dict(population=None), "longitudinal", "need a population"),
+    (dict(engine={"mode": "dask"}), "engine.mode", "dask"),
+])
+def test_the_spec_refuses_what_longitudinal_cannot_do(tmp_path, change, field, words):
+    path = spec_file(tmp_path, VARS[:1])
+    doc = yaml.safe_load(path.read_text())
+    doc.update(change)
+    if doc["population"] is None:
+        del doc["population"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    population(100).to_csv(tmp_path / "src.csv", index=False)
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert e.value.field == field and words in str(e.value)
+
+
+def test_a_release_without_longitudinal_is_refused_on_a_longitudinal_population(tmp_path):
+    from pram_lib.ops.ledger import LedgerRefused, reserve_for
+
+    release_once(tmp_path, population(500), spec_file(tmp_path, VARS[:1]), seed=1)
+    path = tmp_path / "spec.yaml"
+    doc = yaml.safe_load(path.read_text())
+    del doc["longitudinal"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(LedgerRefused, match="accounted per record"):
+        reserve_for(load_spec(path), "run-1")
+
+
+def test_a_key_named_twice_is_refused_and_nothing_is_charged(tmp_path):
+    df = population(300)
+    df.loc[5, "person_id"] = df.loc[6, "person_id"]
+    spec_path = spec_file(tmp_path, VARS[:1])
+    df.to_csv(tmp_path / "src.csv", index=False)
+    with pytest.raises(panel.PanelError, match="1 record"):
+        release_once(tmp_path, df, spec_path, seed=1)
+    assert not (tmp_path / "private" / panel.PANEL_FOLDER / "people" / panel.STATE_FILE).exists()
