@@ -80,6 +80,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     public = release.public_variables(assignments)
     if public:
         print(f"public variables (epsilon = inf accepted, not in the budget): {', '.join(public)}")
+    if spec.longitudinal is not None:
+        from pram_lib.ops.panel import summary_lines
+
+        try:
+            predicted = stream.predicted_charge(run, profile, assignments, seed)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("if released now (predicted; nothing is charged by check):")
+        for line in summary_lines(spec, predicted):
+            print(f"  {line}")
     if spec.population is not None:
         from pram_lib.ops.ledger import ledger_for
         from pram_lib.spec import ledger_bound

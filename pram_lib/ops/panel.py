@@ -93,9 +93,15 @@ class PanelStore:
     def __init__(self, store: Path, population: str):
         self.folder = panel_folder(store, population)
 
-    def secret(self) -> bytes:
-        """The population's secret, made on first use (O_EXCL: two first runs cannot make two)."""
+    def secret(self, create: bool = True) -> bytes:
+        """The population's secret, made on first use (O_EXCL: two first runs cannot make two). Without `create`,
+        a population never released gets a throwaway one (its ledger is empty: nothing depends on it)."""
         path = self.folder / SECRET_FILE
+        if not create and not path.exists():
+            if (self.folder / STATE_FILE).exists():
+                raise PanelError(f"{path}: the population's secret is missing beside its ledger; restore it from "
+                                 "the private store's backup, or release under a new population key")
+            return secrets.token_bytes(SECRET_BYTES)
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -15,6 +15,7 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -443,8 +444,9 @@ class Plan:
 
 
 def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
-              out_dir: Path | None, engine: str = "stream", sample_all: bool = False) -> Plan:
-    """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory)."""
+              out_dir: Path | None, engine: str = "stream", sample_all: bool = False, charge: bool = True) -> Plan:
+    """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory). Without
+    `charge`, a longitudinal population's secret is not made (a prediction: `check`)."""
     packages = set(spec.formats) & set(formats.WRITERS)
     return Plan(spec, seed, tuple(assignments), profile.n_rows,
                 {v.key: family_of(v).plan(v, profile) for v in spec.variables},
@@ -452,7 +454,7 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
                 None if out_dir is None else str(out_dir),
                 1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine,
                 formats.release_labels(spec, profile, assignments) if packages else None,
-                panel_memo(spec, assignments) if spec.longitudinal else None)
+                panel_memo(spec, assignments, charge) if spec.longitudinal else None)
 
 
 def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, str]:
@@ -465,7 +467,16 @@ def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> di
     return out
 
 
-def panel_memo(spec: ReleaseSpec, assignments: list[Assignment]) -> Memo:
+def predicted_charge(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int) -> dict:
+    """What a longitudinal release of the source would charge its records (`check`): pass 2 without writing
+    anything, the per-record ledger read and not written."""
+    plan = dataclasses.replace(make_plan(spec, profile, assignments, seed, None, spec.engine.mode, charge=False),
+                               sample_p=0.0)
+    totals = perturb_pass(plan)
+    return plan.memo.settled(totals.panel)[1]
+
+
+def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = True) -> Memo:
     """A longitudinal release's memo: the population's secret and per-record ledger, each variable's ε per distinct
     value and channel fingerprint. The ε the population spent without per-record accounting counts for everyone."""
     from pram_lib.ops.ledger import ledger_for
@@ -474,7 +485,7 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment]) -> Memo:
     store = PanelStore(spec.resolve(spec.private_store), pop.key)
     spent = spent_by_variable(assignments)
     try:
-        secret, state = store.secret(), store.load()
+        secret, state = store.secret(create), store.load()
     except PanelError as exc:
         raise spec.error(("population", "key"), str(exc), pop.key) from None
     return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,

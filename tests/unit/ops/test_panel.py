@@ -276,3 +276,24 @@ def test_a_key_named_twice_is_refused_and_nothing_is_charged(tmp_path):
     with pytest.raises(panel.PanelError, match="1 record"):
         release_once(tmp_path, df, spec_path, seed=1)
     assert not (tmp_path / "private" / panel.PANEL_FOLDER / "people" / panel.STATE_FILE).exists()
+
+
+def test_check_predicts_the_next_charge_and_writes_nothing(tmp_path):
+    spec_path = spec_file(tmp_path, VARS)
+    first = population(1000)
+    second = next_month(first, np.random.default_rng(8))
+    first.to_csv(tmp_path / "src.csv", index=False)
+    spec = load_spec(spec_path).on_engine("memory")
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 1))
+    before = stream.predicted_charge(spec, profile, release.choose_channels(spec, profile, 1), 1)
+    assert not (tmp_path / "private" / panel.PANEL_FOLDER).exists()
+    _, actual, _ = release_once(tmp_path, first, spec_path, seed=1)
+    assert before["paid"] == actual["paid"] == len(first)
+    second.to_csv(tmp_path / "src.csv", index=False)
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 2))
+    folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
+    stamp = {p.name: p.read_bytes() for p in folder.iterdir()}
+    predicted = stream.predicted_charge(spec, profile, release.choose_channels(spec, profile, 2), 2)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == stamp
+    _, actual, _ = release_once(tmp_path, second, spec_path, seed=2)
+    assert predicted["paid"] == actual["paid"] and predicted["changed_values"] == actual["changed_values"]
