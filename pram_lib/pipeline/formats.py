@@ -49,6 +49,8 @@ def release_labels(spec, profile, assignments) -> Labels:
             elif kind == "a variable":
                 variables[name] = f"{family.changed_as} by {v.channel} (channels.json)"
     variables.update({c: "released unchanged (pass-through, no protection)" for c in spec.passthrough})
+    if spec.longitudinal is not None and spec.longitudinal.link:
+        variables["panel_id"] = "keyed pseudonym of the person: the same in every release of the population"
     return Labels(values, {c: text[:STATA_VARIABLE_LABEL] for c, text in variables.items()})
 
 

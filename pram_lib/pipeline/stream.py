@@ -738,11 +738,18 @@ def continuous_totals(plan: Plan, totals: ChunkResult, level: float = 0.95) -> t
     return pd.concat(curves, ignore_index=True), pd.DataFrame(rows)
 
 
-def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]) -> dict:
-    """What the released table must look like, from the spec and the channels."""
+def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment],
+                     blocked: dict[str, int] | None = None) -> dict:
+    """What the released table must look like, from the spec and the channels (and, in a longitudinal release, the
+    rows `blocked` at their record's cap, released missing)."""
     cols: dict[str, dict] = {}
+    if spec.longitudinal is not None and spec.longitudinal.link:
+        cols[PANEL_ID] = {"kind": "passthrough", "dtype": "int64", "max_missing": 0}
     for v in spec.variables:
-        cols.update(family_of(v).declared_columns(spec, v, profile, [a for a in assignments if a.column == v.key]))
+        own = family_of(v).declared_columns(spec, v, profile, [a for a in assignments if a.column == v.key])
+        for d in own.values():
+            d["max_missing"] = d.get("max_missing", 0) + (blocked or {}).get(v.key, 0)
+        cols.update(own)
     for c, info in profile.passthrough.items():
         if info.get("kind") == "numeric":
             cols[c] = {"kind": "numeric", "min": info["min"], "max": info["max"], "max_missing": info["missing"]}
@@ -753,13 +760,18 @@ def declared_columns(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     return cols
 
 
+def blocked_rows(totals: ChunkResult) -> dict[str, int]:
+    """Per variable, the rows a longitudinal release left missing because their record was at its cap."""
+    return {} if totals.panel is None else dict(totals.panel.blocked)
+
+
 def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult, out_dir: Path | None,
              helpers: "sidecar.Helpers | None" = None):
     """The gate's Great Expectations suite on the row sample, started in a helper process (a Future; it runs
     while this process estimates; here and now without `helpers`). Results and Data Docs go to `out_dir`."""
     from pram_lib.core.validate import validate_table
 
-    declared = declared_columns(spec, profile, list(plan.assignments))
+    declared = declared_columns(spec, profile, list(plan.assignments), blocked_rows(totals))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
     return (helpers or sidecar.Helpers(enabled=False)).submit(validate_table, sample, declared, len(sample), out_dir)
 
@@ -773,7 +785,7 @@ def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: Chu
     from pram_lib.core.validate import gate_message, holm
 
     gx_job = start_gx(spec, profile, plan, totals, out_dir, helpers)
-    declared = declared_columns(spec, profile, list(plan.assignments))
+    declared = declared_columns(spec, profile, list(plan.assignments), blocked_rows(totals))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
     tests, checks = _gate_checks(spec, profile, plan, totals, declared)
     gx = sidecar.collect(gx_job, "the Great Expectations suite")
