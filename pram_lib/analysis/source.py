@@ -266,7 +266,9 @@ class ReleaseData:
     def record_columns(self, columns: Sequence[str]) -> dict[str, np.ndarray]:
         """Whole columns, one entry per record in data order (for analyses that follow records across
         releases): a categorical channel's column as codes into its released categories (-1 where missing), a
-        noised column as float (nan where missing), any other as an object array (None where missing)."""
+        noised column as float (nan where missing), any other as one pyarrow array (its type as stored)."""
+        import pyarrow as pa
+
         columns = list(dict.fromkeys(columns))
         books = {c: _Codebook(c, info.released) for c in columns
                  if isinstance(info := self.column(c), (CategoricalColumn, GroupColumn))}
@@ -279,10 +281,9 @@ class ReleaseData:
                 elif isinstance(self.columns[c], NoiseColumn):
                     parts[c].append(_numbers(arr))
                 else:
-                    if hasattr(arr, "dictionary_decode"):
-                        arr = arr.dictionary_decode()
-                    parts[c].append(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=object))
-        return {c: np.concatenate(p) if p else np.zeros(0, dtype=object) for c, p in parts.items()}
+                    parts[c].append(arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr)
+        return {c: (np.concatenate(p) if c in books or isinstance(self.columns[c], NoiseColumn)
+                    else pa.chunked_array(p).combine_chunks()) if p else np.zeros(0) for c, p in parts.items()}
 
     # -- the one streaming pass -----------------------------------------------------------------
     def cells(self, columns: Sequence[str], features: Callable[[dict], np.ndarray] | None = None,

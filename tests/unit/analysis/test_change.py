@@ -22,7 +22,8 @@ import pytest
 from analysis_helpers import (keep_uniform_entry, keep_uniform_matrix, krr_matrix, noise_entry,
                               write_channels)
 from pram_lib.analysis import ReleaseError, change_between, open_release
-from pram_lib.analysis.change import change_in_means, change_in_shares, pair_covariance_table, single_draw_cov
+from pram_lib.analysis.change import (change_in_means, change_in_shares, pair_covariance_table, panel_keys,
+                                      single_draw_cov)
 
 Z95 = 1.959963984540054
 
@@ -206,13 +207,13 @@ KEEP = [0.7, 0.6, 0.5]
 THETA, ETA = 1.0, 2.0
 
 
-def write_release(folder, ids, codes, values, keep=KEEP, with_panel=True, eta=ETA):
+def write_release(folder, ids, codes, values, keep=KEEP, with_panel=True, eta=ETA, id_format="{:016x}"):
     write_channels(folder, [keep_uniform_entry("v", CATS, keep), noise_entry("y", THETA, eta)])
     v = pa.DictionaryArray.from_arrays(pa.array(np.maximum(codes, 0).astype(np.int32), mask=codes < 0),
                                        pa.array(CATS))                # -1: missing
     columns = {"v": v, "y": pa.array(values)}
     if with_panel:
-        columns = {"panel_id": pa.array([f"{i:016x}" for i in ids]), **columns}
+        columns = {"panel_id": pa.array([id_format.format(i) for i in ids]), **columns}
     pq.write_table(pa.table(columns), folder / "data.parquet")
     return open_release(folder, verify=False)
 
@@ -260,6 +261,22 @@ def test_share_change_between_two_release_folders(two):
     same = r1.change(r2, "v")
     assert np.allclose(same.frame[["change", "se"]].to_numpy(), est.frame[["change", "se"]].to_numpy())
     assert "change of v" in str(est)
+
+
+def test_pseudonyms_of_any_form_pair_the_same_records(two):
+    """16 hex digits are parsed to integers (int(s, 16)); other pseudonyms are joined as text, also when only
+    one release's are hex."""
+    r1, r2, (ids1, c1, y1), (ids2, c2, y2), tmp = two
+    hex_ids = pa.array(["00000000000000ff", "FFFFFFFFFFFFFFFF", "0123456789abcdef"])
+    assert panel_keys(hex_ids).tolist() == [int(x, 16) for x in hex_ids.to_pylist()]
+    assert panel_keys(pa.array(["p1", "p22"])).tolist() == ["p1", "p22"]
+    text_1 = write_release(tmp / "t1", ids1, c1, y1, id_format="person-{}")
+    text_2 = write_release(tmp / "t2", ids2, c2, y2, id_format="person-{}")
+    hexed, est = change_between(r1, r2, "v"), change_between(text_1, text_2, "v")
+    assert (est.paired, est.new, est.departed) == (35, 6, 5)
+    assert np.allclose(est.frame["se"], hexed.frame["se"])
+    mixed = change_between(text_1, r2, "v")       # text against hex pseudonyms: none match, all unpaired
+    assert (mixed.paired, mixed.new, mixed.departed) == (0, 41, 40)
 
 
 def test_mean_change_between_two_release_folders(two):
