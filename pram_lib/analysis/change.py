@@ -26,7 +26,8 @@ Var w is known exactly from what is observed, since z₁ = z₂ exactly when the
 σ²(1/n₂ − 1/n₁)² for such a pair, σ²(1/n₁² + 1/n₂²) for a changed one, σ²/n_t² for an unpaired record.
 
 Without panel_id in both releases, or with a different channel for the variable, the draws are independent
-and the independent-release estimate is returned (the note says so). Intervals: D ± z se (Wald).
+and the independent-release estimate is returned (the note says so). Intervals: D ± z se (Wald); a negative
+variance estimate (unbiased estimates can be) is set to 0 and the note says so.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pram_lib.analysis.source import (CategoricalColumn, GroupColumn, NoiseColumn, PublicColumn, ReleaseData,
-                                      ReleaseError)
+from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn, ReleaseData, ReleaseError
 from pram_lib.analysis.tables import confidence_z
 from pram_lib.core.operators import DenseOperators, NonIdentifiableError
 
@@ -67,7 +67,8 @@ class ChangeEstimate:
     def __str__(self) -> str:
         head = (f"change of {self.variable}: {self.n_1:,} → {self.n_2:,} released records ({self.paired:,} in "
                 f"both, {self.new:,} new, {self.departed:,} departed)")
-        f = self.frame.rename(columns={"lower": f"lower {self.confidence:.0%}", "upper": f"upper {self.confidence:.0%}"})
+        level = f"{self.confidence:.0%}"
+        f = self.frame.rename(columns={"lower": f"lower {level}", "upper": f"upper {level}"})
         body = f.to_string(index=False, float_format=lambda x: f"{x:.4g}")
         return "\n".join(x for x in (head, self.method, self.note, body) if x)
 
