@@ -50,7 +50,7 @@ RESIDUAL_TOLERANCE = 1e-8      # relative: the pair system's solution must repro
 class ChangeEstimate:
     """The estimated change of `variable` from release 1 to release 2: `frame` has one row per category
     (category, share_1, share_2, change, se, lower, upper, se_independent) or one row for a mean (mean_1,
-    mean_2, ...); `cov` is the covariance of the change (k × k, or 1 × 1 for a mean)."""
+    mean_2, ...); `cov` is the estimated covariance of the change (k × k, or 1 × 1 for a mean), unclipped."""
 
     variable: str
     frame: pd.DataFrame

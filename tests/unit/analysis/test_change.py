@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis_helpers import (keep_uniform_entry, keep_uniform_matrix, krr_matrix, noise_entry,
+from analysis_helpers import (dense_entry, keep_uniform_entry, keep_uniform_matrix, krr_matrix, noise_entry,
                               write_channels)
 from pram_lib.analysis import ReleaseError, change_between, open_release
 from pram_lib.analysis.change import (change_in_means, change_in_shares, pair_covariance_table, panel_keys,
@@ -80,6 +80,29 @@ def test_pair_table_without_perturbation_is_the_exact_variance_zero():
     """T = I: z = x, so the change is known exactly and every H(z₁, z₂) must be 0."""
     h = pair_covariance_table(np.eye(3), np.eye(3), 5.0, 6.0)
     assert np.allclose(h, 0.0, atol=1e-15)
+
+
+def test_fallback_is_the_independent_estimate_which_is_conservative(monkeypatch):
+    """Beyond the pair system's size the se is the independent one; its expectation for a pair,
+    V(x₁)/n₁² + V(x₂)/n₂², minus the true Cov(w | x₁, x₂) is positive semi-definite for every (x₁, x₂)."""
+    import pram_lib.analysis.change as change
+
+    t = random_channel(3, 3, np.random.default_rng(8))
+    a = left_inverse(t)
+    n1, n2 = 7.0, 11.0
+    for x1, x2 in itertools.product(range(3), repeat=2):
+        law = pair_law(t, x1, x2)
+        w = np.array([[a[:, zb] / n2 - a[:, za] / n1 for zb in range(3)] for za in range(3)])
+        mean = np.einsum("ab,abc->c", law, w)
+        cov = np.einsum("ab,abc,abd->cd", law, w, w) - np.outer(mean, mean)
+        independent = sum(law[za, zb] * (single_draw_cov(a, np.eye(3)[za]) / n1 ** 2
+                                         + single_draw_cov(a, np.eye(3)[zb]) / n2 ** 2)
+                          for za in range(3) for zb in range(3))
+        assert np.linalg.eigvalsh(independent - cov).min() > -1e-12
+    z1, z2 = np.array([0, 1, 2, 0]), np.array([0, 2, 2])
+    monkeypatch.setattr(change, "MAX_PAIR_SYSTEM", 0)
+    s = change_in_shares(t, t, z1, z2, np.arange(3), np.arange(3), memoized=True)
+    assert np.allclose(s.cov, s.cov_independent) and "conservative" in s.notes[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -303,6 +326,26 @@ def test_without_panel_id_or_with_another_channel_the_releases_are_independent(t
             est = change_between(r1, other, variable)
             assert why in est.note and "independent" in est.note
             assert np.allclose(est.frame["se"], est.frame["se_independent"])
+
+
+def test_a_negative_variance_estimate_gives_se_0_and_says_so(tmp_path):
+    """Four records, all released as category 0, three in both releases: with this channel the unbiased estimate
+    of the third share's variance is below 0 (H(0, 0) and the new record's term add to a negative number)."""
+    t = random_channel(3, 3, np.random.default_rng(0))
+    a = left_inverse(t)
+    releases = []
+    for name, ids in (("r1", [0, 1, 2]), ("r2", [0, 1, 2, 3])):
+        folder = tmp_path / name
+        write_channels(folder, [dense_entry("v", CATS, t)])
+        pq.write_table(pa.table({"panel_id": [f"{i:016x}" for i in ids], "v": ["a"] * len(ids)}),
+                       folder / "data.parquet")
+        releases.append(open_release(folder, verify=False))
+    est = change_between(*releases, "v")
+    h = pair_covariance_table(t, a, 3.0, 4.0).reshape(3, 3, 3, 3)
+    raw = 3 * h[0, 0] + single_draw_cov(a, np.eye(3)[0]) / 16.0
+    assert raw[2, 2] < 0 and np.allclose(est.cov, raw)
+    assert est.frame["se"][2] == 0.0 and np.isclose(est.frame["se"][0], np.sqrt(raw[0, 0]))
+    assert "below 0" in est.note and "set to 0" in est.note
 
 
 def test_bad_change_requests(two, tmp_path):
