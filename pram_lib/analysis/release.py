@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from pram_lib.analysis.change import ChangeEstimate, change_between
 from pram_lib.analysis.means import MeanEstimate, estimate_mean
 from pram_lib.analysis.regress import RegressionResult, regress
 from pram_lib.analysis.source import ReleaseData, ReleaseError, data_files
@@ -25,6 +26,11 @@ class Release(ReleaseData):
              scale: str = "original") -> MeanEstimate:
         """The estimated true mean and variance of a continuous `variable` (within each true cell of `by`)."""
         return estimate_mean(self, variable, _names(by), confidence, scale)
+
+    def change(self, later: "Release", variable: str, confidence: float = 0.95) -> ChangeEstimate:
+        """The change of `variable` (shares, or the mean of a noised column) from this release to `later`, a
+        release of the same population (see pram_lib.analysis.change)."""
+        return change_between(self, later, variable, confidence)
 
     def regress(self, formula: str | None = None, *, y: str | None = None, x: Sequence[str] | None = None,
                 family: str = "gaussian", confidence: float = 0.95, success: str | None = None,

@@ -263,6 +263,28 @@ class ReleaseData:
             rows.append({"column": c, "kind": kind, "channel": extra})
         return rows
 
+    def record_columns(self, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """Whole columns, one entry per record in data order (for analyses that follow records across
+        releases): a categorical channel's column as codes into its released categories (-1 where missing), a
+        noised column as float (nan where missing), any other as one pyarrow array (its type as stored)."""
+        import pyarrow as pa
+
+        columns = list(dict.fromkeys(columns))
+        books = {c: _Codebook(c, info.released) for c in columns
+                 if isinstance(info := self.column(c), (CategoricalColumn, GroupColumn))}
+        parts: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+        for _, batch in _batches(self.files, columns):
+            for c in columns:
+                arr = batch.column(c)
+                if c in books:
+                    parts[c].append(books[c].codes(arr))
+                elif isinstance(self.columns[c], NoiseColumn):
+                    parts[c].append(_numbers(arr))
+                else:
+                    parts[c].append(arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr)
+        return {c: (np.concatenate(p) if c in books or isinstance(self.columns[c], NoiseColumn)
+                    else pa.chunked_array(p).combine_chunks()) if p else np.zeros(0) for c, p in parts.items()}
+
     # -- the one streaming pass -----------------------------------------------------------------
     def cells(self, columns: Sequence[str], features: Callable[[dict], np.ndarray] | None = None,
               feature_columns: Sequence[str] = (), n_features: int = 0, products: bool = False) -> Cells:

@@ -1,0 +1,307 @@
+"""Change between two releases of one population: shares of a categorical variable, or the mean of a noised one.
+
+Longitudinal releases carry `panel_id`, the same pseudonym for a person in every release of the population, and
+memoize the perturbation per (record, variable, value): a record whose true value x is the same in both releases
+has the same released value z in both; a changed value, a new record (release 2 only) and a departed one
+(release 1 only) each have their own draw. Draws of different records are independent.
+
+Shares (channel T, k true × m released, T[x, z] = P(z | x); A = the single-release inverse, A Tᵀ = I): the
+estimand is π₂ − π₁, the true shares of the records released with a value in each release (finite population);
+D = A f₂ − A f₁ (f_t the released shares over n_t records) = Σ_i w_i, with w_i = A(e_{z2}/n₂ − e_{z1}/n₁) for a
+pair, A e_z/n₂ for a new record, −A e_z/n₁ for a departed one: unbiased, Var D = Σ_i Cov w_i. With
+V(x) = A diag(T[x]) Aᵀ − e_x e_xᵀ = Cov(A e_z | x):
+* an unpaired record: A diag(e_z) Aᵀ − diag(A e_z) is an unbiased estimate of V(x), divided by n_t²;
+* a pair: Cov w = (1/n₂ − 1/n₁)² V(x) if x₁ = x₂ (then z₁ = z₂: the perturbation cancels but for the unequal
+  weights), V(x₁)/n₁² + V(x₂)/n₂² otherwise. The analyst does not see x, so we solve once per channel for
+  H(a, b) with E[H(z₁, z₂) | x₁, x₂] = that covariance for all k² pairs (x₁, x₂), where P(a, b | x, x) =
+  T[x, a] 1{a = b} and P(a, b | x₁ ≠ x₂) = T[x₁, a] T[x₂, b]: k² equations in m² unknowns, each covariance
+  component a right-hand side (numpy.linalg.solve, or lstsq for a non-square T, the residual checked).
+  Where no exact solution exists (or the system is beyond MAX_PAIR_SYSTEM), the independent-release estimate
+  is used, conservative: (1/n₂ − 1/n₁)² ≤ 1/n₁² + 1/n₂² and V(x) is positive semi-definite.
+`se_independent` treats the releases as independent: each release's own unbiased estimate
+(A diag(f_t) Aᵀ − diag(A f_t))/n_t, summed (the perturbation's variance only, as for D's se).
+
+Means of a column released as x + Y (noise variance σ², identity scale): D = mean₂ − mean₁, and per record
+Var w is known exactly from what is observed, since z₁ = z₂ exactly when the value did not change:
+σ²(1/n₂ − 1/n₁)² for such a pair, σ²(1/n₁² + 1/n₂²) for a changed one, σ²/n_t² for an unpaired record.
+
+Without panel_id in both releases, or with a different channel for the variable, the draws are independent
+and the independent-release estimate is returned (the note says so). Intervals: D ± z se (Wald); a negative
+variance estimate (unbiased estimates can be) is set to 0 and the note says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from pram_lib.analysis.source import CategoricalColumn, GroupColumn, NoiseColumn, ReleaseData, ReleaseError
+from pram_lib.analysis.tables import confidence_z
+from pram_lib.core.operators import DenseOperators, NonIdentifiableError
+
+PANEL_ID = "panel_id"          # the released pseudonym of a record, the same in every release of a population
+MAX_PAIR_SYSTEM = 2_500        # k·m of a channel: its pair system is k² × m² (50 categories: 6.25 M entries)
+RESIDUAL_TOLERANCE = 1e-8      # relative: the pair system's solution must reproduce every target
+
+
+@dataclass(frozen=True, eq=False)
+class ChangeEstimate:
+    """The estimated change of `variable` from release 1 to release 2: `frame` has one row per category
+    (category, share_1, share_2, change, se, lower, upper, se_independent) or one row for a mean (mean_1,
+    mean_2, ...); `cov` is the estimated covariance of the change (k × k, or 1 × 1 for a mean), unclipped."""
+
+    variable: str
+    frame: pd.DataFrame
+    cov: np.ndarray
+    paired: int
+    new: int
+    departed: int
+    n_1: int
+    n_2: int
+    confidence: float
+    method: str
+    note: str
+
+    def __str__(self) -> str:
+        head = (f"change of {self.variable}: {self.n_1:,} → {self.n_2:,} released records ({self.paired:,} in "
+                f"both, {self.new:,} new, {self.departed:,} departed)")
+        level = f"{self.confidence:.0%}"
+        f = self.frame.rename(columns={"lower": f"lower {level}", "upper": f"upper {level}"})
+        body = f.to_string(index=False, float_format=lambda x: f"{x:.4g}")
+        return "\n".join(x for x in (head, self.method, self.note, body) if x)
+
+
+# ------------------------------------------------------------------------------------------------
+# the estimators on arrays (records of release 1 and 2; pairs as positions i1, i2 into them)
+# ------------------------------------------------------------------------------------------------
+def single_draw_cov(a: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Σ over records with released counts N of the unbiased estimate of Cov(A e_z | x): A diag(N) Aᵀ − diag(A N)."""
+    return (a * counts) @ a.T - np.diag(a @ counts)
+
+
+def pair_covariance_table(t: np.ndarray, a: np.ndarray, n1: float, n2: float) -> np.ndarray | None:
+    """H, (m·m) × (k·k): row z₁·m + z₂, as a k × k matrix, has expectation Cov(w | x₁, x₂) for a record in both
+    releases, for every (x₁, x₂), under memoized draws (module docstring); None if no such H is found."""
+    k, m = t.shape
+    if k * m > MAX_PAIR_SYSTEM:
+        return None
+    s = np.kron(t, t)                                  # row x₁·k + x₂, column a·m + b: T[x₁, a] T[x₂, b]
+    same = np.arange(k) * (k + 1)                      # rows x₁ = x₂: the one draw, P(a, b) = T[x, a] 1{a = b}
+    s[same] = 0.0
+    s[same[:, None], (np.arange(m) * (m + 1))[None, :]] = t
+    v = np.einsum("ca,xa,da->xcd", a, t, a)            # V(x) = A diag(T[x]) Aᵀ − e_x e_xᵀ
+    v[np.arange(k), np.arange(k), np.arange(k)] -= 1.0
+    target = (v[:, None] / n1 ** 2 + v[None, :] / n2 ** 2).reshape(k * k, k * k)
+    target[same] = (1.0 / n2 - 1.0 / n1) ** 2 * v.reshape(k, k * k)
+    try:
+        h = np.linalg.solve(s, target) if k == m else np.linalg.lstsq(s, target, rcond=None)[0]
+    except np.linalg.LinAlgError:
+        h = np.linalg.lstsq(s, target, rcond=None)[0]
+    scale = float(np.abs(target).max()) or 1.0
+    if not np.all(np.isfinite(h)) or np.abs(s @ h - target).max() > RESIDUAL_TOLERANCE * scale:
+        return None
+    return h
+
+
+@dataclass(frozen=True)
+class _Shares:
+    change: np.ndarray
+    cov: np.ndarray
+    cov_independent: np.ndarray
+    share_1: np.ndarray
+    share_2: np.ndarray
+    n_1: int
+    n_2: int
+    paired: int
+    new: int
+    departed: int
+    notes: tuple[str, ...]
+
+
+def change_in_shares(t1: np.ndarray, t2: np.ndarray, z1: np.ndarray, z2: np.ndarray, i1: np.ndarray,
+                     i2: np.ndarray, memoized: bool) -> _Shares:
+    """The change of the shares from release 1 (channel t1, released codes z1, -1 where missing) to release 2,
+    records i1[j] of release 1 and i2[j] of release 2 being one person; `memoized`: an unchanged value has the
+    same released value in both (the same channel, t1 == t2)."""
+    a1, a2 = DenseOperators(t1).inverse_matrix(), DenseOperators(t2).inverse_matrix()
+    m1, m2 = t1.shape[1], t2.shape[1]
+    ok1, ok2 = z1 >= 0, z2 >= 0
+    counts_1 = np.bincount(z1[ok1], minlength=m1).astype(float)
+    counts_2 = np.bincount(z2[ok2], minlength=m2).astype(float)
+    n1, n2 = counts_1.sum(), counts_2.sum()
+    if not (n1 > 0 and n2 > 0):
+        raise ReleaseError(f"release {1 if not n1 > 0 else 2} has no record with a value of the variable")
+    both = ok1[i1] & ok2[i2]
+    pairs = np.bincount(z1[i1[both]] * m2 + z2[i2[both]], minlength=m1 * m2).reshape(m1, m2).astype(float)
+    new, departed = counts_2 - pairs.sum(axis=0), counts_1 - pairs.sum(axis=1)
+    share_1, share_2 = a1 @ counts_1 / n1, a2 @ counts_2 / n2
+    cov_ind = single_draw_cov(a1, counts_1) / n1 ** 2 + single_draw_cov(a2, counts_2) / n2 ** 2
+    notes = []
+    if memoized:
+        h = pair_covariance_table(t1, a1, n1, n2)
+        if h is None:
+            cov = cov_ind
+            notes.append("no exact unbiased variance for the records in both releases exists for this channel "
+                         f"(or k·m > {MAX_PAIR_SYSTEM:,}): the se is the independent-release one, conservative")
+        else:
+            k = t1.shape[0]
+            cov = (pairs.ravel() @ h).reshape(k, k) + single_draw_cov(a1, new) / n2 ** 2 + \
+                single_draw_cov(a1, departed) / n1 ** 2
+    else:
+        cov = cov_ind
+    cov = (cov + cov.T) / 2.0
+    negative = int(np.sum(np.diag(cov) < 0))
+    if negative:
+        notes.append(f"{negative} variance estimate(s) below 0 (unbiased estimates can be) set to 0")
+    return _Shares(share_2 - share_1, cov, cov_ind, share_1, share_2, int(n1), int(n2), int(pairs.sum()),
+                   int(new.sum()), int(departed.sum()), tuple(notes))
+
+
+def change_in_means(v1: np.ndarray, v2: np.ndarray, i1: np.ndarray, i2: np.ndarray, var_1: float, var_2: float,
+                    memoized: bool) -> tuple[float, float, float, float, float, dict]:
+    """(change, variance, independent variance, mean₁, mean₂, counts) of the mean of a column released with
+    additive noise of variance var_t (nan where missing), pairs (i1, i2) as in :func:`change_in_shares`."""
+    ok1, ok2 = np.isfinite(v1), np.isfinite(v2)
+    n1, n2 = int(ok1.sum()), int(ok2.sum())
+    if not (n1 > 0 and n2 > 0):
+        raise ReleaseError(f"release {1 if not n1 > 0 else 2} has no record with a value of the variable")
+    both = ok1[i1] & ok2[i2]
+    paired = int(both.sum())
+    same = int(np.sum(v1[i1[both]] == v2[i2[both]])) if memoized else 0
+    new, departed = n2 - paired, n1 - paired
+    w1, w2 = var_1 / n1 ** 2, var_2 / n2 ** 2
+    var = same * var_1 * (1.0 / n2 - 1.0 / n1) ** 2 + (paired - same) * (w1 + w2) + new * w2 + departed * w1
+    mean_1, mean_2 = float(v1[ok1].mean()), float(v2[ok2].mean())
+    counts = dict(n_1=n1, n_2=n2, paired=paired, new=new, departed=departed, unchanged=same)
+    return mean_2 - mean_1, var, var_1 / n1 + var_2 / n2, mean_1, mean_2, counts
+
+
+# ------------------------------------------------------------------------------------------------
+# two releases
+# ------------------------------------------------------------------------------------------------
+def change_between(release_1: ReleaseData, release_2: ReleaseData, variable: str,
+                   confidence: float = 0.95) -> ChangeEstimate:
+    """The change of `variable` (its shares if categorical, its mean if noised) from `release_1` to `release_2`,
+    two releases of one population (see the module docstring)."""
+    z = confidence_z(confidence)
+    info_1, info_2 = release_1.column(variable), release_2.column(variable)
+    if type(info_1) is not type(info_2):
+        raise ReleaseError(f"column {variable!r} is released differently in {release_1.folder} and "
+                           f"{release_2.folder}; a change needs the same kind of column in both")
+    notes = []
+    without = [str(r.folder) for r in (release_1, release_2) if PANEL_ID not in r.data_columns]
+    linked = not without
+    if without:
+        notes.append(f"no {PANEL_ID} column in {' and '.join(without)}: records cannot be followed, the releases "
+                     "are treated as independent")
+    if isinstance(info_1, CategoricalColumn):
+        t1, t2 = _channel(info_1, release_1), _channel(info_2, release_2)
+        if info_1.categories != info_2.categories:
+            raise ReleaseError(f"column {variable!r} has the categories {list(info_1.categories)} in release 1 but "
+                               f"{list(info_2.categories)} in release 2; a change needs the same categories")
+        same_channel = t1.shape == t2.shape and info_1.released == info_2.released and np.array_equal(t1, t2)
+        if linked and not same_channel:
+            notes.append("the variable's channel differs between the releases, so its draws are independent: "
+                         "the releases are treated as independent")
+        (z1, z2), i1, i2 = _read(release_1, release_2, variable, linked)
+        s = change_in_shares(t1, t2, z1, z2, i1, i2, linked and same_channel)
+        se = np.sqrt(np.maximum(np.diag(s.cov), 0.0))
+        frame = pd.DataFrame({"category": list(info_1.categories), "share_1": s.share_1, "share_2": s.share_2,
+                              "change": s.change, "se": se, "lower": s.change - z * se, "upper": s.change + z * se,
+                              "se_independent": np.sqrt(np.maximum(np.diag(s.cov_independent), 0.0))})
+        method = ("shares: the channel's inverse applied to each release's released shares; se from the records "
+                  "in both releases (their memoized perturbation cancels when the value did not change), the new "
+                  f"and the departed; Wald intervals at {confidence:.0%}")
+        return ChangeEstimate(variable, frame, s.cov, s.paired, s.new, s.departed, s.n_1, s.n_2, confidence,
+                              method, "; ".join(notes + list(s.notes)))
+    if isinstance(info_1, NoiseColumn):
+        for info, r in ((info_1, release_1), (info_2, release_2)):
+            if info.scale != "identity":
+                raise ReleaseError(f"column {variable!r} of {r.folder} is released as {info.scale}(x) + noise, not "
+                                   "x + noise: the change of its mean has no estimator here (only additive noise "
+                                   "of known variance on the identity scale)")
+        same_channel = (info_1.theta, info_1.eta) == (info_2.theta, info_2.eta)
+        if linked and not same_channel:
+            notes.append("the variable's noise differs between the releases, so its draws are independent: "
+                         "the releases are treated as independent")
+        (v1, v2), i1, i2 = _read(release_1, release_2, variable, linked)
+        d, var, var_ind, mean_1, mean_2, c = change_in_means(v1, v2, i1, i2, info_1.noise_variance,
+                                                             info_2.noise_variance, linked and same_channel)
+        se = float(np.sqrt(var))
+        frame = pd.DataFrame({"mean_1": [mean_1], "mean_2": [mean_2], "change": [d], "se": [se],
+                              "lower": [d - z * se], "upper": [d + z * se], "se_independent": [np.sqrt(var_ind)]})
+        if linked and same_channel:
+            notes.append(f"{c['unchanged']:,} of the {c['paired']:,} records in both releases have the same "
+                         "released value (value unchanged)")
+        method = ("mean: difference of the released means (the noise has mean 0); its variance from the noise "
+                  "variance, per record (an unchanged value's noise cancels but for the unequal weights); Wald "
+                  f"intervals at {confidence:.0%}")
+        return ChangeEstimate(variable, frame, np.array([[var]]), c["paired"], c["new"], c["departed"], c["n_1"],
+                              c["n_2"], confidence, method, "; ".join(notes))
+    if isinstance(info_1, GroupColumn):
+        raise ReleaseError(f"column {variable!r} is an attribute of the group {info_1.group!r}: change estimates "
+                           "take a variable with a channel of its own (or a noised one)")
+    raise ReleaseError(f"column {variable!r} is released unperturbed: its change is the difference of its "
+                       "released values, with no perturbation to account for")
+
+
+def _channel(info: CategoricalColumn, release: ReleaseData) -> np.ndarray:
+    """The variable's one channel matrix (a stratified variable is refused)."""
+    if info.strata_columns:
+        raise ReleaseError(f"column {info.name!r} of {release.folder} has a channel per stratum of "
+                           f"{', '.join(info.strata_columns)}: change estimates need one channel for the variable")
+    try:
+        return info.axis(()).matrix()
+    except NonIdentifiableError as e:
+        raise ReleaseError(str(e)) from None
+
+
+def _read(release_1: ReleaseData, release_2: ReleaseData, variable: str, linked: bool):
+    """The variable's values in each release, and the positions (i1, i2) of the records in both."""
+    columns = [variable, PANEL_ID] if linked else [variable]
+    data = [r.record_columns(columns) for r in (release_1, release_2)]
+    values = tuple(d[variable] for d in data)
+    if not linked:
+        empty = np.zeros(0, dtype=np.int64)
+        return values, empty, empty
+    index = []
+    for r, d in zip((release_1, release_2), data):
+        arr = d[PANEL_ID]
+        if arr.null_count:
+            raise ReleaseError(f"{r.folder}: {arr.null_count:,} record(s) have no {PANEL_ID}; a longitudinal "
+                               "release gives every record one; the release is damaged")
+        ids = pd.Index(panel_keys(arr))
+        if not ids.is_unique:
+            raise ReleaseError(f"{r.folder}: {int(ids.duplicated().sum()):,} {PANEL_ID} value(s) appear more than "
+                               "once; each person is one record of a release; the release is damaged")
+        index.append(ids)
+    if index[0].dtype != index[1].dtype:          # one release's pseudonyms are 16 hex digits, the other's not
+        index = [pd.Index(panel_keys(d[PANEL_ID], as_text=True)) for d in data]
+    where = index[0].get_indexer(index[1])        # hash join of the pseudonyms (pandas)
+    i2 = np.flatnonzero(where >= 0)
+    return values, where[i2].astype(np.int64), i2
+
+
+_HEX = np.full(256, 255, dtype=np.uint8)
+for _digits, _first in ((b"0123456789", 0), (b"abcdef", 10), (b"ABCDEF", 10)):
+    _HEX[np.frombuffer(_digits, dtype=np.uint8)] = np.arange(_first, _first + len(_digits))
+
+
+def panel_keys(arr, as_text: bool = False) -> np.ndarray:
+    """The pseudonyms of a pyarrow string array as uint64 when every one is 16 hex digits (parsed from the
+    array's byte buffer, no per-row Python), else (or with `as_text`) as an object array of text."""
+    import pyarrow as pa
+
+    if not as_text and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        big = arr.cast(pa.large_string())
+        offsets = np.frombuffer(big.buffers()[1], dtype=np.int64)[big.offset:big.offset + len(big) + 1]
+        if len(big) and np.all(np.diff(offsets) == 16):
+            digits = _HEX[np.frombuffer(big.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]].reshape(-1, 16)
+            if np.all(digits < 16):
+                keys = np.zeros(len(big), dtype=np.uint64)
+                for j in range(16):
+                    keys = (keys << np.uint64(4)) | digits[:, j].astype(np.uint64)
+                return keys
+    return np.asarray(arr.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
