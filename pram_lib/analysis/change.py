@@ -277,31 +277,18 @@ def _read(release_1: ReleaseData, release_2: ReleaseData, variable: str, linked:
             raise ReleaseError(f"{r.folder}: {int(ids.duplicated().sum()):,} {PANEL_ID} value(s) appear more than "
                                "once; each person is one record of a release; the release is damaged")
         index.append(ids)
-    if index[0].dtype != index[1].dtype:          # one release's pseudonyms are 16 hex digits, the other's not
+    if index[0].dtype != index[1].dtype:          # one release's pseudonyms are numbers, the other's text
         index = [pd.Index(panel_keys(d[PANEL_ID], as_text=True)) for d in data]
     where = index[0].get_indexer(index[1])        # hash join of the pseudonyms (pandas)
     i2 = np.flatnonzero(where >= 0)
     return values, where[i2].astype(np.int64), i2
 
 
-_HEX = np.full(256, 255, dtype=np.uint8)
-for _digits, _first in ((b"0123456789", 0), (b"abcdef", 10), (b"ABCDEF", 10)):
-    _HEX[np.frombuffer(_digits, dtype=np.uint8)] = np.arange(_first, _first + len(_digits))
-
-
 def panel_keys(arr, as_text: bool = False) -> np.ndarray:
-    """The pseudonyms of a pyarrow string array as uint64 when every one is 16 hex digits (parsed from the
-    array's byte buffer, no per-row Python), else (or with `as_text`) as an object array of text."""
+    """The pseudonyms of a pyarrow array: int64 as published (53 bits of a keyed hash), or (any other type, or with
+    `as_text`) an object array of text."""
     import pyarrow as pa
 
-    if not as_text and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        big = arr.cast(pa.large_string())
-        offsets = np.frombuffer(big.buffers()[1], dtype=np.int64)[big.offset:big.offset + len(big) + 1]
-        if len(big) and np.all(np.diff(offsets) == 16):
-            digits = _HEX[np.frombuffer(big.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]].reshape(-1, 16)
-            if np.all(digits < 16):
-                keys = np.zeros(len(big), dtype=np.uint64)
-                for j in range(16):
-                    keys = (keys << np.uint64(4)) | digits[:, j].astype(np.uint64)
-                return keys
+    if not as_text and pa.types.is_integer(arr.type):
+        return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return np.asarray(arr.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
