@@ -49,10 +49,10 @@ def record_ids(keys) -> np.ndarray:
         values = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64, copy=False)
     elif pd.api.types.is_float_dtype(dtype):
         values = s.to_numpy(dtype=np.float64)
-        as_int = values.astype(np.int64)
-        if not np.array_equal(as_int, values):  # NaN is refused above; inf and fractions land here
+        integral = np.isfinite(values) & (values == np.trunc(values)) & (np.abs(values) < 2.0**63)
+        if not integral.all():
             raise ValueError("record keys must be integers or strings; this column has non-integral numbers")
-        values = as_int
+        values = values.astype(np.int64)
     elif dtype == object and pd.api.types.infer_dtype(s, skipna=False) == "integer":
         values = s.to_numpy(dtype=np.int64)  # Python ints; beyond int64 numpy raises OverflowError
     else:
@@ -136,6 +136,21 @@ def siphash24_numpy(k0: int, k1: int, w0: np.ndarray, tag: int, w2: np.ndarray) 
     return out
 
 
+def siphash24(k0: int, k1: int, w0: np.ndarray, tag: int, w2: np.ndarray) -> np.ndarray:
+    """SipHash-2-4 of the messages (w0[i], tag, w2[i]) (integer arrays, as uint64) under the key (k0, k1): the C
+    kernel, or `siphash24_numpy` when it is not built (or PRAM_NO_FASTPATH=1)."""
+    from pram_lib.core import fastpath
+
+    w0 = _words(w0)
+    w2 = _words(w2, w0.size)
+    lib = fastpath.keep_uniform_kernel()
+    if lib is None:
+        return siphash24_numpy(k0, k1, w0, tag, w2)
+    out = np.empty(w0.size, dtype=np.uint64)
+    lib["siphash24"](w0.ctypes.data, tag, w2.ctypes.data, w0.size, k0, k1, out.ctypes.data)
+    return out
+
+
 class KeyedPrf:
     """The population's keyed PRF: SipHash-2-4 under the 128-bit key blake2b(secret, 16 bytes,
     person=b"pram-memo-v1"). Holds a secret: its repr hides it, and it refuses to be pickled (so it never
@@ -163,15 +178,7 @@ class KeyedPrf:
     def hashes(self, rid: np.ndarray, tag: int, value: np.ndarray) -> np.ndarray:
         """uint64 SipHash-2-4 of (rid[i], tag, value[i]); `value` may be int64 codes (two's complement) or one
         number for every row."""
-        from pram_lib.core import fastpath
-
-        w0, tag, w2 = self._args(rid, tag, value)
-        lib = fastpath.keep_uniform_kernel()
-        if lib is None:
-            return siphash24_numpy(self._k0, self._k1, w0, tag, w2)
-        out = np.empty(w0.size, dtype=np.uint64)
-        lib["siphash24"](w0.ctypes.data, tag, w2.ctypes.data, w0.size, self._k0, self._k1, out.ctypes.data)
-        return out
+        return siphash24(self._k0, self._k1, *self._args(rid, tag, value))
 
     def _uniforms(self, rid, tag: int, value, open_: bool) -> np.ndarray:
         from pram_lib.core import fastpath
