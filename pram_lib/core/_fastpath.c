@@ -145,8 +145,8 @@ void pcg64_fill(bitgen_t *bg, double *out, int64_t n) {
 }
 
 /* SipHash-2-4 (Aumasson & Bernstein, "SipHash: a fast short-input PRF", 2012) of the 24-byte message made of the
- * three little-endian words (w0[i], tag, w2[i]) under the 128-bit key (k0, k1): three compressions of two rounds,
- * the length block (24 << 56), four finalisation rounds. pram_lib.core.memo has the same in numpy. */
+ * three little-endian words (w0[i], tag, w2[i]) under the 128-bit key (k0, k1): the three words and the length
+ * block (24 << 56) of two rounds each, four finalisation rounds. pram_lib.core.memo has the same in numpy. */
 #define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
 #define SIPROUND                                                                                             \
     do {                                                                                                     \
