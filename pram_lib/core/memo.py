@@ -3,9 +3,8 @@
 For releases of the same people over time, a record's released value is a function of (population secret,
 record key, variable, true value): the same inputs give the same uniform in every release, so an unchanged
 value is released identically, and a changed value gets a fresh, independent-looking draw. The function is
-SipHash-2-4 (Aumasson & Bernstein 2012), a PRF for short inputs keyed with 128 bits, the hash CPython and
-pandas themselves use for strings; here over one fixed 24-byte message per row, the three little-endian words
-(record id, tag, value). The C kernel (pram_lib/core/_fastpath.c) and the numpy kernel below give the same bits.
+SipHash-2-4 (Aumasson & Bernstein 2012), a PRF for short inputs keyed with 128 bits (pandas hashes strings with
+it); here over one fixed 24-byte message per row, the three little-endian words (record id, tag, value). The C kernel (pram_lib/core/_fastpath.c) and the numpy kernel below give the same bits.
 
 * `record_ids`: one uint64 per record key, by pandas' own hashing (`pandas.util.hash_array`, its fixed default
   key): the same on every run and machine. It is NOT secret: for integer keys it is a bijection of the key
@@ -24,8 +23,8 @@ import pandas as pd
 
 KEY_PERSON = b"pram-memo-v1"  # blake2b personalisation: the SipHash key of a secret is used for nothing else
 MIN_SECRET_BYTES = 16
-CHUNK = 1 << 14  # rows per pass of the numpy kernel: its ~10 uint64 buffers stay in L2
-_IV = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)  # "somepseudorandomlygeneratedbytes"
+CHUNK = 1 << 14  # rows per pass of the numpy kernel: its five uint64 buffers stay in L2
+_IV = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)  # "somepseudorandomly..."
 _LENGTH_BLOCK = 24 << 56  # the final block of a 24-byte message: its length in the top byte, no tail bytes
 
 
@@ -41,6 +40,8 @@ def record_ids(keys) -> np.ndarray:
     if s.isna().any():
         raise ValueError("record keys: some are missing; every record needs a key that identifies it across "
                          "releases (fill or drop the records without one)")
+    if isinstance(s.dtype, pd.CategoricalDtype):  # a key is its value, not its category code
+        s = s.astype(s.cat.categories.dtype)
     dtype = s.dtype
     if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_complex_dtype(dtype):
         raise ValueError(f"record keys must be integers or strings, not {dtype}")
@@ -54,7 +55,10 @@ def record_ids(keys) -> np.ndarray:
             raise ValueError("record keys must be integers or strings; this column has non-integral numbers")
         values = values.astype(np.int64)
     elif dtype == object and pd.api.types.infer_dtype(s, skipna=False) == "integer":
-        values = s.to_numpy(dtype=np.int64)  # Python ints; beyond int64 numpy raises OverflowError
+        try:
+            values = s.to_numpy(dtype=np.int64)  # Python ints
+        except OverflowError:
+            raise ValueError("record keys must be integers that fit in 64 bits, or strings") from None
     else:
         values = s.astype(str).to_numpy(dtype=object)
     return pd.util.hash_array(values, categorize=True)
@@ -73,11 +77,22 @@ def tag_of(*parts: str | int) -> int:
     return int.from_bytes(hashlib.blake2b(bytes(enc)).digest()[:8], "little")
 
 
+def _float_words(x: np.ndarray) -> np.ndarray:
+    """Floats as words: an integral value as its int64 (3.0 is 3), any other as its IEEE bits with -0.0 as 0.0
+    and every NaN as one NaN (equal values, equal words)."""
+    x = np.asarray(x, dtype=np.float64)
+    integral = np.isfinite(x) & (x == np.trunc(x)) & (np.abs(x) < 2.0**63)
+    bits = np.where(np.isnan(x), np.float64(np.nan), x).view(np.uint64)
+    return np.where(integral, np.where(integral, x, 0.0).astype(np.int64).view(np.uint64), bits)
+
+
 def _words(a, n: int | None = None) -> np.ndarray:
-    """A C-contiguous uint64 array (int64 and narrower signed ints as two's complement)."""
+    """A C-contiguous uint64 array (signed ints as two's complement int64; floats by `_float_words`)."""
     a = np.asarray(a)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"expected an integer array, got {a.dtype}")
+    if a.dtype.kind == "f":
+        a = _float_words(a)
+    elif a.dtype.kind not in "iu":
+        raise TypeError(f"expected an integer or float array, got {a.dtype}")
     if a.dtype != np.uint64:
         a = a.astype(np.int64, copy=False).view(np.uint64)
     if n is not None:
@@ -176,8 +191,9 @@ class KeyedPrf:
         return w0, int(tag), _words(value, w0.size)
 
     def hashes(self, rid: np.ndarray, tag: int, value: np.ndarray) -> np.ndarray:
-        """uint64 SipHash-2-4 of (rid[i], tag, value[i]); `value` may be int64 codes (two's complement) or one
-        number for every row."""
+        """uint64 SipHash-2-4 of (rid[i], tag, value[i]); `value` may be int64 codes (two's complement), floats
+        (an integral float is its integer, 3.0 is 3; others by their bits, -0.0 as 0.0, one NaN), or one number
+        for every row."""
         return siphash24(self._k0, self._k1, *self._args(rid, tag, value))
 
     def _uniforms(self, rid, tag: int, value, open_: bool) -> np.ndarray:

@@ -213,6 +213,23 @@ def test_a_short_secret_is_refused_and_the_prf_is_never_pickled():
         pickle.dumps(prf)
 
 
+def test_float_values_hash_as_their_integer_or_canonical_bits():
+    prf = memo.KeyedPrf(SECRET)
+    rid = np.full(7, 99, dtype=np.uint64)
+    got = prf.hashes(rid, 3, np.array([3.0, -0.0, np.nan, 1.5, -2.0, -np.nan, np.inf]))
+    want_ints = prf.hashes(rid[:3], 3, np.array([3, 0, -2]))
+    assert [got[0], got[1], got[4]] == list(want_ints)  # 3.0 is 3, -0.0 is 0, -2.0 is -2
+    assert got[2] == got[5]  # every NaN alike
+    nan_bits = int(np.array(np.nan).view(np.uint64))
+    assert int(got[2]) == sip_reference(prf_key(), message(99, 3, nan_bits))
+    assert int(got[3]) == sip_reference(prf_key(), message(99, 3, int(np.array(1.5).view(np.uint64))))
+    assert len({int(h) for h in got}) == 6
+
+
+def prf_key() -> bytes:
+    return hashlib.blake2b(SECRET, digest_size=16, person=b"pram-memo-v1").digest()
+
+
 def test_tag_range_is_checked():
     prf = memo.KeyedPrf(SECRET)
     for bad in (-1, 2**64):
@@ -234,6 +251,7 @@ def test_record_ids_are_pandas_hashing_of_int64():
     for dtype in (np.int8, np.int16, np.int32, np.float64):  # 7 (int32) is 7 (int64); -1 is sign-extended
         assert [int(x) for x in memo.record_ids(np.array(small, dtype=dtype))] == want_small
     assert int(memo.record_ids(np.array([2**64 - 1], dtype=np.uint64))[0]) == splitmix_finaliser(M64)
+    assert [int(x) for x in memo.record_ids(pd.Series(small, dtype="category"))] == want_small  # values, not codes
 
 
 def test_record_ids_of_strings_are_pandas_siphash_of_utf8():
@@ -259,7 +277,7 @@ def test_a_missing_key_is_refused_without_naming_rows(keys):
     assert not any(ch.isdigit() for ch in str(err.value))  # no count, no row: they come from the data
 
 
-@pytest.mark.parametrize("keys", [[1.5, 2.0], [True, False], np.array([np.inf, 1.0])])
+@pytest.mark.parametrize("keys", [[1.5, 2.0], [True, False], np.array([np.inf, 1.0]), [1, 2**70]])
 def test_keys_that_are_neither_integers_nor_strings_are_refused(keys):
     with pytest.raises(ValueError, match="integers or strings"):
         memo.record_ids(keys)
