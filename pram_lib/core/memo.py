@@ -58,7 +58,7 @@ def record_ids(keys) -> np.ndarray:
         try:
             values = s.to_numpy(dtype=np.int64)  # Python ints
         except OverflowError:
-            raise ValueError("record keys must be integers that fit in 64 bits, or strings") from None
+            raise ValueError("record keys must be integers or strings; this column has integers beyond 64 bits") from None
     else:
         values = s.astype(str).to_numpy(dtype=object)
     return pd.util.hash_array(values, categorize=True)
