@@ -364,3 +364,14 @@ def test_memoized_perturbation_keeps_each_category_at_its_rate():
     kept = np.bincount(codes[z == codes], minlength=s) / np.bincount(codes, minlength=s)
     m = n // s
     assert (np.abs(kept - q) <= 5 * np.sqrt(q * (1 - q) / m)).all()
+
+
+def test_a_replay_without_the_kernel_takes_the_numpy_path_once(monkeypatch):
+    codes = np.arange(70_001) % 9 - 1
+    q = np.linspace(0.0, 1.0, 8)
+    u = np.random.default_rng(6).random(codes.size + 5)
+    fast = perturb.sample_keep_uniform(codes, q, Replay(u))
+    monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+    replay = Replay(u)
+    np.testing.assert_array_equal(perturb.sample_keep_uniform(codes, q, replay), fast)
+    np.testing.assert_array_equal(replay.take(5), u[-5:])  # exactly codes.size uniforms were used
