@@ -1,8 +1,9 @@
-/* Family (8) sampler in C: the same arithmetic as pram_lib.core.perturb's numpy kernel, one pass instead of nine.
+/* Family (8) sampler in C: the same arithmetic as pram_lib.core.perturb's numpy kernel, one pass instead of nine;
+ * and, at the end, SipHash-2-4 for pram_lib.core.memo.
  *
- * Uniforms come from the caller's numpy Generator, 256 at a time, exactly as Generator.random(out=) draws
- * them, so for the same generator state the output, and the state left behind, are identical to the numpy
- * kernel's. Two sources:
+ * Uniforms are given (a randomness.Replay), or come from the caller's numpy Generator, 256 at a time, exactly as
+ * Generator.random(out=) draws them, so for the same generator state the output, and the state left behind, are
+ * identical to the numpy kernel's. Two generator sources:
  *  - any bit generator, through its bitgen_t (numpy/random/bitgen.h; restated here, no numpy headers needed);
  *  - numpy's PCG64, stepped here (pcg64_fill): the same 128-bit LCG and XSL-RR output, four states apart at a
  *    time (state' = a^4 state + c(a^3 + a^2 + a + 1)), so four multiplications are in flight instead of one
