@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         "The PRF (pram_lib/core/_fastpath.c) is SipHash-2-4 over one 24-byte message per row: 3 message blocks and "
         "the length block of 2 rounds each, then 4 finalisation rounds (12 rounds per value; the standard 2-4, not "
         "the reduced SipHash-1-3). The rows' hashes are independent, so the loop vectorises four to an AVX2 register "
-        "(a target_clones copy chosen when the library loads; the baseline x86-64 copy is about half as fast).",
+        "(a target_clones copy chosen when the library loads; the baseline x86-64 copy, timed outside this benchmark, "
+        "is about half as fast).",
         f"Floor (issue 28): memoized perturbation >= {FLOOR / 1e6:.0f} M values/s on one core: "
         f"{rate['memoized'] / 1e6:.1f} M/s -> {'PASS' if ok else 'FAIL'}.",
         measured_note(),
