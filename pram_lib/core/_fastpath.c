@@ -1,8 +1,9 @@
-/* Family (8) sampler in C: the same arithmetic as pram_lib.core.perturb's numpy kernel, one pass instead of nine.
+/* Family (8) sampler in C: the same arithmetic as pram_lib.core.perturb's numpy kernel, one pass instead of nine;
+ * and, at the end, SipHash-2-4 for pram_lib.core.memo.
  *
- * Uniforms come from the caller's numpy Generator, 256 at a time, exactly as Generator.random(out=) draws
- * them, so for the same generator state the output, and the state left behind, are identical to the numpy
- * kernel's. Two sources:
+ * Uniforms are given (a randomness.Replay), or come from the caller's numpy Generator, 256 at a time, exactly as
+ * Generator.random(out=) draws them, so for the same generator state the output, and the state left behind, are
+ * identical to the numpy kernel's. Two generator sources:
  *  - any bit generator, through its bitgen_t (numpy/random/bitgen.h; restated here, no numpy headers needed);
  *  - numpy's PCG64, stepped here (pcg64_fill): the same 128-bit LCG and XSL-RR output, four states apart at a
  *    time (state' = a^4 state + c(a^3 + a^2 + a + 1)), so four multiplications are in flight instead of one
@@ -70,11 +71,43 @@ static inline void source_fill(source_t *src, double *u, int64_t w) {
 
 /* codes in [-1, s-1] (-1 = missing); qa[2 x1], qa[2 x1 + 1]: threshold and scale of code x1 - 1 (x1 = 0:
  * missing); wrap2[j + 2] = (j + 1) mod s (int32) for j in [-1, 2s-3], wrap2[0] = -1 (missing). Branch-free: the keep
- * decision is the sign of t = (u - q) a (exact: t < 0 iff u < q), a move goes floor(t) + 1 places on. */
+ * decision is the sign of t = (u - q) a (exact: t < 0 iff u < q), a move goes floor(t) + 1 places on.
+ * KEEP_BLOCK writes o[0..w) from c[0..w) and u[0..w), and ORs into `bad` whether any code was out of range. */
+#define KEEP_BLOCK(CODE_T)                                                                                   \
+static inline uint64_t keep_block_##CODE_T(const CODE_T *c, const double *u, int64_t w, const double *qa,    \
+                                           const int32_t *wrap2, int64_t s, int64_t *o) {                    \
+    const double top = (double)(s - 2);                                                                      \
+    uint64_t bad = 0;                                                                                        \
+    for (int64_t j = 0; j < w; j++) {                                                                        \
+        uint64_t x1 = (uint64_t)((int64_t)c[j] + 1);                                                         \
+        bad |= x1 > (uint64_t)s;                                                                             \
+        x1 = x1 > (uint64_t)s ? 0 : x1;                 /* never read outside the tables */                  \
+        const double *e = qa + 2 * x1;                                                                       \
+        double t = (u[j] - e[0]) * e[1];                                                                     \
+        t = t < -0.5 ? -0.5 : t;                                                                             \
+        t = t > top ? top : t;                                                                               \
+        int64_t f = (int64_t)t;                         /* floor: truncate, -1 below zero */                 \
+        f -= (t < 0.0);                                                                                      \
+        o[j] = wrap2[(int64_t)x1 + f + 1];                                                                   \
+    }                                                                                                        \
+    return bad;                                                                                              \
+}
+
+KEEP_BLOCK(int8_t)
+KEEP_BLOCK(int16_t)
+KEEP_BLOCK(int32_t)
+KEEP_BLOCK(int64_t)
+
+/* the first code out of [-1, s-1], or -1 */
+#define FIRST_BAD(codes, n, s)                                                                               \
+    for (int64_t i = 0; i < (n); i++)                                                                        \
+        if ((codes)[i] < -1 || (int64_t)(codes)[i] >= (s)) return i;                                         \
+    return -1;
+
+/* uniforms from the caller's Generator, 256 at a time, as Generator.random(out=) draws them */
 #define KEEP_UNIFORM(NAME, CODE_T)                                                                           \
 int64_t NAME(const CODE_T *codes, int64_t n, const double *qa, const int32_t *wrap2, int64_t s,             \
              bitgen_t *bg, int pcg64, int64_t *out) {                                                        \
-    const double top = (double)(s - 2);                                                                      \
     double u[256];                                                                                           \
     uint64_t bad = 0;                                                                                        \
     source_t src;                                                                                            \
@@ -82,35 +115,90 @@ int64_t NAME(const CODE_T *codes, int64_t n, const double *qa, const int32_t *wr
     for (int64_t lo = 0; lo < n; lo += 256) {                                                                \
         int64_t w = n - lo < 256 ? n - lo : 256;                                                             \
         source_fill(&src, u, w);                                                                             \
-        const CODE_T *c = codes + lo;                                                                        \
-        int64_t *o = out + lo;                                                                               \
-        for (int64_t j = 0; j < w; j++) {                                                                    \
-            uint64_t x1 = (uint64_t)((int64_t)c[j] + 1);                                                     \
-            bad |= x1 > (uint64_t)s;                                                                         \
-            x1 = x1 > (uint64_t)s ? 0 : x1;                 /* never read outside the tables */              \
-            const double *e = qa + 2 * x1;                                                                   \
-            double t = (u[j] - e[0]) * e[1];                                                                 \
-            t = t < -0.5 ? -0.5 : t;                                                                         \
-            t = t > top ? top : t;                                                                           \
-            int64_t f = (int64_t)t;                         /* floor: truncate, -1 below zero */             \
-            f -= (t < 0.0);                                                                                  \
-            o[j] = wrap2[(int64_t)x1 + f + 1];                                                               \
-        }                                                                                                    \
+        bad |= keep_block_##CODE_T(codes + lo, u, w, qa, wrap2, s, out + lo);                                \
     }                                                                                                        \
-    if (bad)                                                                                                 \
-        for (int64_t i = 0; i < n; i++)                                                                      \
-            if (codes[i] < -1 || (int64_t)codes[i] >= s) return i;                                           \
-    return -1;                                                                                               \
+    if (!bad) return -1;                                                                                     \
+    FIRST_BAD(codes, n, s)                                                                                   \
+}
+
+/* the same with the uniforms given (u[i] for codes[i]): randomness.Replay, e.g. memo.KeyedPrf.uniforms */
+#define KEEP_UNIFORM_GIVEN(NAME, CODE_T)                                                                     \
+int64_t NAME(const CODE_T *codes, int64_t n, const double *qa, const int32_t *wrap2, int64_t s,             \
+             const double *u, int64_t *out) {                                                                \
+    if (!keep_block_##CODE_T(codes, u, n, qa, wrap2, s, out)) return -1;                                     \
+    FIRST_BAD(codes, n, s)                                                                                   \
 }
 
 KEEP_UNIFORM(keep_uniform_i8, int8_t)
 KEEP_UNIFORM(keep_uniform_i16, int16_t)
 KEEP_UNIFORM(keep_uniform_i32, int32_t)
 KEEP_UNIFORM(keep_uniform_i64, int64_t)
+KEEP_UNIFORM_GIVEN(keep_given_i8, int8_t)
+KEEP_UNIFORM_GIVEN(keep_given_i16, int16_t)
+KEEP_UNIFORM_GIVEN(keep_given_i32, int32_t)
+KEEP_UNIFORM_GIVEN(keep_given_i64, int64_t)
 
 /* n uniforms from numpy's PCG64 (fastpath.py checks them against Generator.random before trusting the layout) */
 void pcg64_fill(bitgen_t *bg, double *out, int64_t n) {
     source_t src;
     source_init(&src, bg, 1);
     for (int64_t lo = 0; lo < n; lo += 256) source_fill(&src, out + lo, n - lo < 256 ? n - lo : 256);
+}
+
+/* SipHash-2-4 (Aumasson & Bernstein, "SipHash: a fast short-input PRF", 2012) of the 24-byte message made of the
+ * three little-endian words (w0[i], tag, w2[i]) under the 128-bit key (k0, k1): the three words and the length
+ * block (24 << 56) of two rounds each, four finalisation rounds. pram_lib.core.memo has the same in numpy. */
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                             \
+    do {                                                                                                     \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);                                            \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                                               \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                                               \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);                                            \
+    } while (0)
+#define SIPBLOCK(m) do { v3 ^= (m); SIPROUND; SIPROUND; v0 ^= (m); } while (0)
+
+static inline uint64_t sip24_3w(uint64_t k0, uint64_t k1, uint64_t m0, uint64_t m1, uint64_t m2) {
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
+    SIPBLOCK(m0);
+    SIPBLOCK(m1);
+    SIPBLOCK(m2);
+    SIPBLOCK((uint64_t)24 << 56);
+    v2 ^= 0xff;
+    SIPROUND; SIPROUND; SIPROUND; SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* an AVX2 clone beside the baseline one, chosen when the library loads (GCC/clang function multiversioning): the
+ * compiler vectorises the rows' independent hashes four to a register (about twice the baseline's rate) */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef MULTIVERSION
+#define MULTIVERSION
+#endif
+
+MULTIVERSION
+void siphash24_3w(const uint64_t *w0, uint64_t tag, const uint64_t *w2, int64_t n, uint64_t k0, uint64_t k1,
+                  uint64_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = sip24_3w(k0, k1, w0[i], tag, w2[i]);
+}
+
+/* the hashes as doubles: (h >> 11) 2^-53 in [0, 1); or, when `open`, ((h >> 12) + 1/2) 2^-52 in (0, 1), exact (with 53
+ * bits k + 1/2 would need 54 and the largest would round to 1.0). Hashed 256 at a time into a buffer, then
+ * converted (as signed: it fits), so that the hash loop stays vectorised. */
+MULTIVERSION
+void siphash24_3w_uniforms(const uint64_t *w0, uint64_t tag, const uint64_t *w2, int64_t n, uint64_t k0,
+                           uint64_t k1, int open, double *out) {
+    const int drop = open ? 12 : 11;
+    const double half = open ? 0.5 : 0.0, scale = open ? 1.0 / 4503599627370496.0 : 1.0 / 9007199254740992.0;
+    uint64_t h[256];
+    for (int64_t lo = 0; lo < n; lo += 256) {
+        int64_t w = n - lo < 256 ? n - lo : 256;
+        for (int64_t j = 0; j < w; j++) h[j] = sip24_3w(k0, k1, w0[lo + j], tag, w2[lo + j]);
+        for (int64_t j = 0; j < w; j++) out[lo + j] = ((double)(int64_t)(h[j] >> drop) + half) * scale;
+    }
 }

@@ -1,7 +1,8 @@
-"""The optional C kernel for family-(8) perturbation (pram_lib/core/_fastpath.c), loaded with ctypes.
+"""The optional C kernels (pram_lib/core/_fastpath.c), loaded with ctypes: family-(8) perturbation (uniforms from a
+numpy Generator or given) and SipHash-2-4 for pram_lib.core.memo.
 
-`python -m pram_lib.core.fastpath` compiles it next to this file (make install does). Without it, or with
-PRAM_NO_FASTPATH=1, pram_lib uses the numpy kernel, which gives the same output for the same generator.
+`python -m pram_lib.core.fastpath` compiles them next to this file (make install does). Without them, or with
+PRAM_NO_FASTPATH=1, pram_lib uses its numpy kernels, which give the same output for the same input.
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ def keep_uniform_kernel():
         fn.restype = i64
         fn.argtypes = [p, i64, p, p, i64, p, ctypes.c_int, p]
         kernels[suffix] = fn
+        given = getattr(lib, f"keep_given_{suffix}")
+        given.restype = i64
+        given.argtypes = [p, i64, p, p, i64, p, p]
+        kernels[f"given_{suffix}"] = given
+    u64 = ctypes.c_uint64
+    lib.siphash24_3w.restype = None
+    lib.siphash24_3w.argtypes = [p, u64, p, i64, u64, u64, p]
+    kernels["siphash24"] = lib.siphash24_3w
+    lib.siphash24_3w_uniforms.restype = None
+    lib.siphash24_3w_uniforms.argtypes = [p, u64, p, i64, u64, u64, ctypes.c_int, p]
+    kernels["siphash24_uniforms"] = lib.siphash24_3w_uniforms
     lib.pcg64_fill.restype = None
     lib.pcg64_fill.argtypes = [p, p, i64]
     kernels["pcg64"] = _pcg64_agrees(lib.pcg64_fill)
@@ -67,14 +79,8 @@ def _pcg64_agrees(fill) -> bool:
     return bool(np.array_equal(got, want)) and ours.state == theirs.state
 
 
-def sample_keep_uniform(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, rng: np.random.Generator,
-                        out: np.ndarray | None = None) -> np.ndarray | None:
-    """Run the C kernel on `keep_uniform_tables` (None when it is not available); raises ValueError for
-    codes outside [-1, S-1]. `out`, if given, is a C-contiguous int64 array of codes' size to write into."""
-    lib = keep_uniform_kernel()
-    if lib is None:
-        return None
-    s = qa.size - 1
+def _keep_uniform_args(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, out: np.ndarray | None):
+    """The C kernels' arguments: flat codes (a kernel's code type), (q, a) table, int32 wrap table, S, output."""
     table = np.ascontiguousarray(np.roll(qa, 1)).view(np.float64)  # (q, a) pairs, missing first
     wrap2 = np.ascontiguousarray(np.roll(wrap, 2), dtype=np.int32)  # S < 2**31: a smaller table stays in L1
     c = np.asarray(codes).reshape(-1)
@@ -83,14 +89,43 @@ def sample_keep_uniform(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, rng
         c, kind = c.astype(np.int64), "i64"
     c = np.ascontiguousarray(c)
     result = np.empty(c.size, dtype=np.int64) if out is None else out.reshape(-1)
+    return c, kind, table, wrap2, qa.size - 1, result
+
+
+def _keep_uniform_result(bad: int, c: np.ndarray, s: int, result: np.ndarray, codes, out):
+    if bad >= 0:
+        raise ValueError(f"codes must lie in [-1, {s - 1}] (MISSING = -1), found {c[bad]}")
+    return result.reshape(np.shape(codes)) if out is None else out
+
+
+def sample_keep_uniform(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, rng: np.random.Generator,
+                        out: np.ndarray | None = None) -> np.ndarray | None:
+    """Run the C kernel on `keep_uniform_tables` (None when it is not available); raises ValueError for
+    codes outside [-1, S-1]. `out`, if given, is a C-contiguous int64 array of codes' size to write into."""
+    lib = keep_uniform_kernel()
+    if lib is None:
+        return None
+    c, kind, table, wrap2, s, result = _keep_uniform_args(codes, qa, wrap, out)
     bg = rng.bit_generator
     pcg64 = int(lib["pcg64"] and type(bg) is np.random.PCG64)
     with bg.lock:
         bad = lib[kind](c.ctypes.data, c.size, table.ctypes.data, wrap2.ctypes.data, s,
                         bg.ctypes.bit_generator.value, pcg64, result.ctypes.data)
-    if bad >= 0:
-        raise ValueError(f"codes must lie in [-1, {s - 1}] (MISSING = -1), found {c[bad]}")
-    return result.reshape(np.shape(codes)) if out is None else out
+    return _keep_uniform_result(bad, c, s, result, codes, out)
+
+
+def sample_keep_uniform_given(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, replay,
+                              out: np.ndarray | None = None) -> np.ndarray | None:
+    """`sample_keep_uniform` with the uniforms taken from a `randomness.Replay` (one per code, in order), or None
+    (nothing taken) when the kernel is not available."""
+    lib = keep_uniform_kernel()
+    if lib is None:
+        return None
+    c, kind, table, wrap2, s, result = _keep_uniform_args(codes, qa, wrap, out)
+    u = np.ascontiguousarray(replay.take(c.size), dtype=np.float64)
+    bad = lib[f"given_{kind}"](c.ctypes.data, c.size, table.ctypes.data, wrap2.ctypes.data, s, u.ctypes.data,
+                               result.ctypes.data)
+    return _keep_uniform_result(bad, c, s, result, codes, out)
 
 
 if __name__ == "__main__":

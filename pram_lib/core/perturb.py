@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pram_lib.core.randomness import Replay
+
 MISSING = -1
 CHUNK = 1 << 16  # values per chunk: the working buffers (~3 MB) stay in L2/L3
 
@@ -86,7 +88,8 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
     [0, S-1) and K = floor(t) + 1 is uniform on 1..S-1; Z = (x + K) mod S. Written branch-free as
     f = clip(floor(t), -1, S-2), Z = wrap[x + f] (a lookup table for (x + f + 1) mod S): nine numpy
     passes over a cache-sized chunk, one of them the uniform draws; or, when pram_lib/core/_fastpath.so is built
-    and `rng` is a numpy Generator, one pass in C with the same draws and arithmetic (identical output).
+    and `rng` is a numpy Generator or a `randomness.Replay`, one pass in C with the same draws and arithmetic
+    (identical output).
     Returns int64 codes, written into `out` (C-contiguous int64, codes' shape) when it is given.
     """
     codes = _as_codes(codes)
@@ -107,6 +110,11 @@ def sample_keep_uniform(codes: np.ndarray, keep: np.ndarray, rng: np.random.Gene
         from pram_lib.core import fastpath
 
         if fastpath.sample_keep_uniform(codes, qa, wrap, rng, out=out) is not None:
+            return out
+    elif isinstance(rng, Replay):  # the C kernel fed the given uniforms (e.g. memo.KeyedPrf.uniforms)
+        from pram_lib.core import fastpath
+
+        if fastpath.sample_keep_uniform_given(codes, qa, wrap, rng, out=out) is not None:
             return out
     flat_in = codes.reshape(-1)
     flat_out = out.reshape(-1)

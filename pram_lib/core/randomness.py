@@ -49,12 +49,17 @@ class Replay:
     def __init__(self, u: np.ndarray):
         self._u, self._pos = np.asarray(u, dtype=float), 0
 
-    def random(self, size=None, out: np.ndarray | None = None) -> np.ndarray:
-        n = out.size if out is not None else int(np.prod(size)) if size is not None else 1
+    def take(self, n: int) -> np.ndarray:
+        """The next n uniforms (a view of the given array), as `random(n)` would give them."""
         if self._pos + n > self._u.size:
             raise ValueError("more uniforms asked for than were given")
         part = self._u[self._pos:self._pos + n]
         self._pos += n
+        return part
+
+    def random(self, size=None, out: np.ndarray | None = None) -> np.ndarray:
+        n = out.size if out is not None else int(np.prod(size)) if size is not None else 1
+        part = self.take(n)
         if out is None:
             return part.reshape(size) if size is not None else float(part[0])
         out.reshape(-1)[:] = part
