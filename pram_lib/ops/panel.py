@@ -193,12 +193,11 @@ class Memo:
     fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
 
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
-        """The chunk's record ids (pandas' hash of the key; the PRF keys them): a missing key is refused."""
-        keys = df[self.key]
-        if keys.dtype.kind == "f":
-            whole = keys.notna() & (keys == np.round(keys))
-            keys = keys.astype("Int64") if bool(whole.all()) else keys.astype(str)
-        return record_ids(keys)
+        """The chunk's record ids (pram_lib.core.memo.record_ids; the PRF keys them before anything is stored)."""
+        try:
+            return record_ids(df[self.key])
+        except ValueError as exc:
+            raise PanelError(f"the key column {self.key!r}: {exc}") from None
 
     def chunk(self, df: pd.DataFrame) -> "MemoChunk":
         rid = self.record_ids(df)

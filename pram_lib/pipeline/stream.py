@@ -517,7 +517,11 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     spec = plan.spec
     res = ChunkResult([ref.index], len(df))
     released: dict[str, object] = {}
-    memo = None if plan.memo is None else plan.memo.chunk(df)
+    try:
+        memo = None if plan.memo is None else plan.memo.chunk(df)
+    except PanelError as exc:
+        raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
+                         "give every person one key of whole numbers or text") from None
     if memo is not None and spec.longitudinal.link:
         released[PANEL_ID] = memo.panel_ids()
     for i, v in enumerate(spec.variables):

@@ -297,3 +297,11 @@ def test_check_predicts_the_next_charge_and_writes_nothing(tmp_path):
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == stamp
     _, actual, _ = release_once(tmp_path, second, spec_path, seed=2)
     assert predicted["paid"] == actual["paid"] and predicted["changed_values"] == actual["changed_values"]
+
+
+def test_a_missing_key_is_refused_at_the_key_field(tmp_path):
+    df = population(200).astype({"person_id": "float"})
+    df.loc[7, "person_id"] = np.nan
+    with pytest.raises(SpecError) as e:
+        release_once(tmp_path, df, spec_file(tmp_path, VARS[:1]), seed=1)
+    assert e.value.field == "longitudinal.key" and "missing" in str(e.value)
