@@ -1,0 +1,96 @@
+"""A 10^7-row longitudinal release against the same release without memoization (python -m
+benchmarks.bench_longitudinal [--rows 1e7]).
+
+The synthetic census of bench_release with a `person_id` column; the census spec as it is (plain), and with
+`population:` and `longitudinal: {key: person_id}` (memoized), each `pram-release run --engine stream` pinned to
+one core against one local Prefect server. The memoized spec runs twice: its first release (every record new:
+the per-record ledger is built) and its second (the same people again: the steady state of a schedule).
+Floor (issue 28): a 10^7-row memoized release <= 1.3x the same release without it (flow time, same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.bench_release import DATA, RESULTS, ROOT, run_release
+from benchmarks.census import write_census, write_spec
+
+PORT = 4293
+FLOOR = 1.3
+
+
+def panel_census(rows: int) -> Path:
+    """The census file with a person_id column (row number + 10^9), row groups kept."""
+    src, out = DATA / f"census-{rows}.parquet", DATA / f"census-{rows}-panel.parquet"
+    if not src.exists():
+        write_census(src, rows)
+    if not out.exists():
+        f = pq.ParquetFile(src)
+        tmp = out.with_suffix(".tmp")
+        with pq.ParquetWriter(tmp, f.schema_arrow.insert(0, pa.field("person_id", pa.int64()))) as w:
+            start = 0
+            for g in range(f.num_row_groups):
+                t = f.read_row_group(g)
+                ids = pa.array(range(10**9 + start, 10**9 + start + t.num_rows), type=pa.int64())
+                w.write_table(t.add_column(0, "person_id", ids))
+                start += t.num_rows
+        tmp.rename(out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=float, default=1e7)
+    n = int(ap.parse_args().rows)
+    sys.path.insert(0, str(ROOT))
+    from flows.cli import start_server
+
+    DATA.mkdir(exist_ok=True)
+    src = panel_census(n)
+    work = DATA / f"longitudinal-{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    plain = write_spec(work / "plain.yaml", src, work / "releases", work / "private", rows=n, tag="plain")
+    memo = work / "memo.yaml"
+    memo.write_text(plain.read_text().replace("release: census-plain", "release: census-memo") +
+                    "population: {key: bench-panel, cap: 1000.0}\nlongitudinal: {key: person_id}\n")
+    home = DATA / "prefect-home-longitudinal"
+    pid, url = start_server(home, PORT)
+    env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(home), "PREFECT_LOGGING_LEVEL": "WARNING",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PRAM_RELEASE_HOME": str(work / "home")}
+    runs = {}
+    try:
+        for label, spec in (("plain", plain), ("memoized, first release", memo), ("memoized, second release", memo),
+                            ("plain again", plain)):
+            r = run_release(spec, "stream", env, pinned=True)
+            runs[label] = r
+            print(f"{label}: flow {r['flow']:.1f} s, wall {r['wall']:.1f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
+                  flush=True)
+            shutil.rmtree(r["folder"])
+    finally:
+        if pid is not None:
+            os.killpg(pid, 15)
+    base = min(runs["plain"]["flow"], runs["plain again"]["flow"])
+    out = {"rows": n, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "flow_s": {k: round(v["flow"], 2) for k, v in runs.items()},
+           "peak_rss_mib": {k: round(v["peak_rss"] / 2**20) for k, v in runs.items()}}
+    out["verdicts"] = [f"{k}: {runs[k]['flow'] / base:.2f}x the plain release ({base:.1f} s, the faster of two): "
+                       f"{'PASS' if runs[k]['flow'] <= FLOOR * base else 'FAIL'} against issue 28's floor (<= {FLOOR}x)"
+                       for k in ("memoized, first release", "memoized, second release")]
+    for v in out["verdicts"]:
+        print(v)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_longitudinal.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
