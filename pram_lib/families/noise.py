@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from pram_lib.channels import gamma as g
 from pram_lib.channels.deconvolve import bootstrap_band
 from pram_lib.channels.gamma import PROTECTION_TOLERANCE
+from pram_lib.channels.gamma_law import sample_from_uniforms
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.planning import VariablePlan
 from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
@@ -168,13 +169,6 @@ class NumericSketch:
     def in_key_order(self) -> np.ndarray:
         """The sampled values in the order of their keys (what the fold gives whatever the chunks' order)."""
         return self.values[np.argsort(self.keys, kind="stable")]
-
-
-def symmetric_quantile(noise, u: np.ndarray) -> np.ndarray:
-    """Inverse CDF of a symmetric noise law at u in (0, 1), from its inverse survival function (exact by symmetry:
-    F^-1(u) = -isf(u) below 1/2, isf(1 - u) above)."""
-    below = u < 0.5
-    return np.where(below, -1.0, 1.0) * np.asarray(noise.isf(np.where(below, u, 1.0 - u)), dtype=float)
 
 
 @dataclass
@@ -621,7 +615,7 @@ class Noise(Family):
         else:   # the noise is memoized per (record, value): an unchanged value is released identically, a changed
             # one gets a fresh draw (reusing the draw with a new value would reveal the change exactly)
             x = np.where(memo.admit(v.key, x.view(np.int64), ~np.isnan(x)), x, np.nan)
-            z = x + symmetric_quantile(a.channel.noise, memo.open_uniforms(v.key))
+            z = x + sample_from_uniforms(a.channel.theta, a.channel.eta, lambda j: memo.open_uniforms(v.key, j))
         live = z[~np.isnan(z)]
         keep = plan.sample_rows(start, len(df))
         stats = NoiseStats(ExactSums.of(z, plan.variables[v.key], start), {v.column: int(np.isnan(z).sum())},

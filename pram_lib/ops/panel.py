@@ -164,19 +164,19 @@ class PanelStore:
 
 @dataclass
 class PanelChunk:
-    """One chunk's per-record accounting: the records' tags, the ε each paid, and per variable the pair tag of
-    the value released (0: none) and whether it was new."""
+    """The per-record accounting of one or more chunks (arrays per chunk, joined once when settled): the records'
+    tags, the ε each paid, and per variable the pair tag of the value released (0: none) and whether it was new."""
 
-    rtag: np.ndarray
-    charge: np.ndarray
-    pairs: dict[str, np.ndarray] = field(default_factory=dict)
-    new: dict[str, np.ndarray] = field(default_factory=dict)
+    rtag: list[np.ndarray]
+    charge: list[np.ndarray]
+    pairs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    new: dict[str, list[np.ndarray]] = field(default_factory=dict)
     blocked: dict[str, int] = field(default_factory=dict)
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
-        return PanelChunk(np.concatenate([self.rtag, other.rtag]), np.concatenate([self.charge, other.charge]),
-                          {v: np.concatenate([p, other.pairs[v]]) for v, p in self.pairs.items()},
-                          {v: np.concatenate([p, other.new[v]]) for v, p in self.new.items()},
+        return PanelChunk(self.rtag + other.rtag, self.charge + other.charge,
+                          {v: p + other.pairs[v] for v, p in self.pairs.items()},
+                          {v: p + other.new[v] for v, p in self.new.items()},
                           {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()})
 
 
@@ -192,6 +192,11 @@ class Memo:
     epsilon: dict[str, float]        # variable -> ε per distinct value released
     fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
 
+    @property
+    def charged(self) -> list[str]:
+        """The variables the ledger accounts: those with an ε (noise is memoized too, but spends none)."""
+        return [v for v, e in self.epsilon.items() if e > 0]
+
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
         """The chunk's record ids (pram_lib.core.memo.record_ids; the PRF keys them before anything is stored)."""
         try:
@@ -203,14 +208,17 @@ class Memo:
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
         pos = self.state.positions(rtag)
-        return MemoChunk(self, rid, pos, PanelChunk(rtag, np.zeros(rid.size)), self.base + self.state.loss_of(pos))
+        return MemoChunk(self, rid, pos, rtag, self.base + self.state.loss_of(pos))
 
-    def settled(self, totals: PanelChunk) -> tuple[PanelState, dict]:
+    def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
         """The ledger after this release, and its summary (counts only)."""
         old = self.state
-        rt = totals.rtag
-        if np.unique(rt).size != rt.size:
-            raise PanelError(f"the key column {self.key!r} names {rt.size - np.unique(rt).size} record(s) more than "
+        rt, charge = np.concatenate(chunks.rtag), np.concatenate(chunks.charge)
+        pairs = {v: np.concatenate(p) for v, p in chunks.pairs.items()}
+        new = {v: np.concatenate(p) for v, p in chunks.new.items()}
+        tags = pd.Index(rt)
+        if not tags.is_unique:   # a hash table (pandas), not a sort
+            raise PanelError(f"the key column {self.key!r} names {int(tags.duplicated().sum())} record(s) more than "
                              "once: a longitudinal release has one row per person")
         pos = old.positions(rt)
         fresh = pos < 0
@@ -219,31 +227,31 @@ class Memo:
         n = old.records.size + int(fresh.sum())
         records = np.concatenate([old.records, rt[fresh]])
         loss = np.concatenate([old.loss, np.zeros(n - old.records.size)])
-        loss[pos] += totals.charge
+        loss[pos] += charge
         last, history = {}, {}
-        for v in self.epsilon:
+        for v in self.charged:
             lv = np.zeros(n, dtype=np.uint64)
             if v in old.last:
                 lv[:old.records.size] = old.last[v]
-            pair = totals.pairs[v]
+            pair = pairs[v]
             released = pair != 0
             lv[pos[released]] = pair[released]
             last[v] = lv
-            history[v] = np.sort(np.concatenate([old.history.get(v, np.empty(0, np.uint64)),
-                                                 pair[totals.new[v]]]), kind="stable")
+            added = np.sort(pair[new[v]])   # then two sorted runs, which the stable sort (timsort) merges
+            history[v] = np.sort(np.concatenate([old.history[v], added]), kind="stable") if v in old.history else added
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
-        paid = totals.charge > 0
+        paid = charge > 0
         smallest = min((e for e in self.epsilon.values() if e > 0), default=0.0)
         total = self.base + loss[pos]
         summary = {"release": state.releases, "records": int(rt.size), "new_records": int(fresh.sum()),
                    "paid_nothing": int((~paid).sum()), "paid": int(paid.sum()),
-                   "largest_charge": float(totals.charge.max()) if rt.size else 0.0,
+                   "largest_charge": float(charge.max()) if rt.size else 0.0,
                    "at_cap": int((total + smallest > self.cap + ROUNDING).sum()) if smallest else 0,
                    "largest_loss": float(total.max()) if rt.size else 0.0, "cap": self.cap,
-                   "blocked": {v: int(b) for v, b in totals.blocked.items() if b},
+                   "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                    "channel_changed": sorted(v for v, fp in self.fingerprints.items()
                                              if v in old.channels and old.channels[v] != fp),
-                   "changed_values": {v: int(totals.new[v][~fresh].sum()) for v in self.epsilon}}
+                   "changed_values": {v: int(new[v][~fresh].sum()) for v in self.charged}}
         return state, summary
 
 
@@ -251,8 +259,10 @@ class MemoChunk:
     """A chunk's memoized randomness and its accounting, variable by variable in spec order: `admit` charges the
     records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
 
-    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, out: PanelChunk, loss: np.ndarray):
-        self.memo, self.rid, self.pos, self.out, self.loss = memo, rid, pos, out, loss
+    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray):
+        self.memo, self.rid, self.pos, self.loss = memo, rid, pos, loss
+        self.charge = np.zeros(rid.size)
+        self.out = PanelChunk([rtag], [self.charge])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -262,17 +272,18 @@ class MemoChunk:
         h = memo.prf.hashes(self.rid, tag_of("pair", variable, memo.fingerprints[variable]),
                             np.asarray(words).astype(np.int64, copy=False).view(np.uint64))
         self._hash[variable] = h
-        new = live & ~memo.state.seen(variable, self.pos, h)
         eps = memo.epsilon[variable]
         ok = np.ones(h.size, dtype=bool)
-        if eps > 0:
-            ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
-            paid = new & ok
-            self.loss[paid] += eps
-            self.out.charge[paid] += eps
+        if eps <= 0:   # memoized, not accounted (a noise channel spends no ε)
+            return ok
+        new = live & ~memo.state.seen(variable, self.pos, h)
+        ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
+        paid = new & ok
+        self.loss[paid] += eps
+        self.charge[paid] += eps
         released = live & ok
-        self.out.pairs[variable] = np.where(released, h, np.uint64(0))
-        self.out.new[variable] = new & ok
+        self.out.pairs[variable] = [np.where(released, h, np.uint64(0))]
+        self.out.new[variable] = [new & ok]
         self.out.blocked[variable] = int((~ok).sum())
         return ok
 
