@@ -85,36 +85,34 @@ def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.
     return np.where(s == 1, g, -g)
 
 
-def sample_from_uniforms(theta: float, eta: float, uniform: Callable[[int], np.ndarray], rounds: int = 3) -> np.ndarray:
-    """The same law as `sample`, from given open uniforms: `uniform(j)` is the j-th independent array of U(0, 1)
-    values, one per row (a longitudinal release's memoized draws). Marsaglia & Tsang's squeeze-free method
-    (shape a = ϑ + 1 when ϑ < 1, then G·U^(1/ϑ)), its normal from two uniforms (Box–Muller), `rounds` rounds for
-    every row at once; a row no round accepted (probability below 0.05^rounds) takes the exact inverse CDF of a
+def sample_from_uniforms(theta: float, eta: float, uniform: Callable[..., np.ndarray], n: int,
+                         rounds: int = 3) -> np.ndarray:
+    """n draws of the law of `sample` from given open uniforms: `uniform(j, rows)` is the j-th independent array of
+    U(0, 1) values of the given rows (a longitudinal release's memoized draws). Marsaglia & Tsang's method (shape
+    a = ϑ + 1 when ϑ < 1, then G·U^(1/ϑ)), its normal from two uniforms (Box–Muller), each round over the rows
+    still rejected; a row no round accepted (probability below 0.05^rounds) takes the exact inverse CDF of a
     further uniform (scipy.special.gammaincinv), so the law is exact."""
     theta, eta = check_parameters(theta, eta)
     a = theta + 1.0 if theta < 1.0 else theta
     d = a - 1.0 / 3.0
     c = 1.0 / math.sqrt(9.0 * d)
-    g = None
+    g = np.empty(n)
+    rest = np.arange(n)
     for r in range(rounds):
-        u1, u2, u3 = uniform(3 + 3 * r), uniform(4 + 3 * r), uniform(5 + 3 * r)
+        u1, u2, u3 = (uniform(3 + 3 * r + k, rest) for k in range(3))
         x = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
         v = (1.0 + c * x) ** 3
         with np.errstate(invalid="ignore", divide="ignore"):
             ok = (v > 0) & (np.log(u3) < 0.5 * x * x + d - d * v + d * np.log(v))
-        if g is None:
-            g = np.where(ok, d * v, np.nan)
-        else:
-            fill = np.isnan(g) & ok
-            g[fill] = d * v[fill]
-        if not np.isnan(g).any():
+        g[rest[ok]] = d * v[ok]
+        rest = rest[~ok]
+        if not rest.size:
             break
-    rest = np.isnan(g)
-    if rest.any():
-        g[rest] = special.gammaincinv(a, uniform(3 + 3 * rounds)[rest])
+    if rest.size:
+        g[rest] = special.gammaincinv(a, uniform(3 + 3 * rounds, rest))
     if theta < 1.0:
-        g *= uniform(1) ** (1.0 / theta)
-    return np.where(uniform(2) < 0.5, -eta * g, eta * g)
+        g *= uniform(1, None) ** (1.0 / theta)
+    return np.where(uniform(2, None) < 0.5, -eta * g, eta * g)
 
 
 def moments(theta: float, eta: float) -> dict:

@@ -615,7 +615,8 @@ class Noise(Family):
         else:   # the noise is memoized per (record, value): an unchanged value is released identically, a changed
             # one gets a fresh draw (reusing the draw with a new value would reveal the change exactly)
             x = np.where(memo.admit(v.key, x.view(np.int64), ~np.isnan(x)), x, np.nan)
-            z = x + sample_from_uniforms(a.channel.theta, a.channel.eta, lambda j: memo.open_uniforms(v.key, j))
+            z = x + sample_from_uniforms(a.channel.theta, a.channel.eta,
+                                         lambda j, rows: memo.open_uniforms(v.key, j, rows), x.size)
         live = z[~np.isnan(z)]
         keep = plan.sample_rows(start, len(df))
         stats = NoiseStats(ExactSums.of(z, plan.variables[v.key], start), {v.column: int(np.isnan(z).sum())},

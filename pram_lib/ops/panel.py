@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from pram_lib.core.memo import KeyedPrf, record_ids, tag_of
+from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
 SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npz", "lock"
@@ -53,7 +53,8 @@ class PanelState:
     records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, in arrival order
     loss: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))      # cumulative ε per record
     last: dict[str, np.ndarray] = field(default_factory=dict)     # variable -> last released pair tag (0: none)
-    history: dict[str, np.ndarray] = field(default_factory=dict)  # variable -> every pair tag released, sorted
+    history: dict[str, np.ndarray] = field(default_factory=dict)  # variable -> pair tags released before that are
+    #                                                                no longer a record's last, sorted
     channels: dict[str, str] = field(default_factory=dict)        # variable -> fingerprint of its last channel
     releases: int = 0
     _index: pd.Index | None = field(default=None, repr=False)
@@ -169,14 +170,15 @@ class PanelChunk:
 
     rtag: list[np.ndarray]
     charge: list[np.ndarray]
+    pos: list[np.ndarray] = field(default_factory=list)   # each record's row in the ledger read (-1: new)
     pairs: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    new: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    changed: dict[str, int] = field(default_factory=dict)   # records released before that paid for a new value
     blocked: dict[str, int] = field(default_factory=dict)
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
-        return PanelChunk(self.rtag + other.rtag, self.charge + other.charge,
+        return PanelChunk(self.rtag + other.rtag, self.charge + other.charge, self.pos + other.pos,
                           {v: p + other.pairs[v] for v, p in self.pairs.items()},
-                          {v: p + other.new[v] for v, p in self.new.items()},
+                          {v: n + other.changed.get(v, 0) for v, n in self.changed.items()},
                           {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()})
 
 
@@ -210,19 +212,20 @@ class Memo:
         pos = self.state.positions(rtag)
         return MemoChunk(self, rid, pos, rtag, self.base + self.state.loss_of(pos))
 
+
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
         """The ledger after this release, and its summary (counts only)."""
         old = self.state
         rt, charge = np.concatenate(chunks.rtag), np.concatenate(chunks.charge)
         pairs = {v: np.concatenate(p) for v, p in chunks.pairs.items()}
-        new = {v: np.concatenate(p) for v, p in chunks.new.items()}
-        tags = pd.Index(rt)
-        if not tags.is_unique:   # a hash table (pandas), not a sort
-            raise PanelError(f"the key column {self.key!r} names {int(tags.duplicated().sum())} record(s) more than "
-                             "once: a longitudinal release has one row per person")
-        pos = old.positions(rt)
+        pos = np.concatenate(chunks.pos)
         fresh = pos < 0
-        pos = pos.copy()
+        twice = int((np.bincount(pos[~fresh], minlength=old.records.size) > 1).sum()) if old.records.size else 0
+        newcomers = pd.Index(rt[fresh])   # a hash table (pandas), not a sort
+        twice += 0 if newcomers.is_unique else int(newcomers.duplicated().sum())
+        if twice:
+            raise PanelError(f"the key column {self.key!r} names {twice} record(s) more than once: a longitudinal "
+                             "release has one row per person")
         pos[fresh] = old.records.size + np.arange(int(fresh.sum()))
         n = old.records.size + int(fresh.sum())
         records = np.concatenate([old.records, rt[fresh]])
@@ -234,10 +237,11 @@ class Memo:
             if v in old.last:
                 lv[:old.records.size] = old.last[v]
             pair = pairs[v]
-            released = pair != 0
-            lv[pos[released]] = pair[released]
+            moved = (pair != 0) & (lv[pos] != pair)          # released, and not the record's last pair
+            replaced = lv[pos[moved]]
+            lv[pos[moved]] = pair[moved]
             last[v] = lv
-            added = np.sort(pair[new[v]])   # then two sorted runs, which the stable sort (timsort) merges
+            added = np.sort(replaced[replaced != 0])        # then two sorted runs, which the stable sort merges
             history[v] = np.sort(np.concatenate([old.history[v], added]), kind="stable") if v in old.history else added
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
         paid = charge > 0
@@ -251,7 +255,7 @@ class Memo:
                    "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                    "channel_changed": sorted(v for v, fp in self.fingerprints.items()
                                              if v in old.channels and old.channels[v] != fp),
-                   "changed_values": {v: int(new[v][~fresh].sum()) for v in self.charged}}
+                   "changed_values": {v: int(chunks.changed.get(v, 0)) for v in self.charged}}
         return state, summary
 
 
@@ -262,7 +266,7 @@ class MemoChunk:
     def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray):
         self.memo, self.rid, self.pos, self.loss = memo, rid, pos, loss
         self.charge = np.zeros(rid.size)
-        self.out = PanelChunk([rtag], [self.charge])
+        self.out = PanelChunk([rtag], [self.charge], [pos])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -283,24 +287,29 @@ class MemoChunk:
         self.charge[paid] += eps
         released = live & ok
         self.out.pairs[variable] = [np.where(released, h, np.uint64(0))]
-        self.out.new[variable] = [new & ok]
+        self.out.changed[variable] = int((paid & (self.pos >= 0)).sum())
         self.out.blocked[variable] = int((~ok).sum())
         return ok
 
     def uniforms(self, variable: str, part: int = 0) -> np.ndarray:
-        """Each row's permanent uniform for `variable` (its `part`-th independent one, e.g. per cluster)."""
+        """Each row's permanent uniform for `variable` in [0, 1): its `part`-th (part 0 is the pair hash itself: a
+        keyed hash of (record, variable, channel, value); part c > 0 hashes it again, e.g. per cluster)."""
         h = self._hash[variable]
+        if part == 0:
+            return hash_to_uniform(h)
         return self.memo.prf.uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
 
-    def open_uniforms(self, variable: str, part: int = 0) -> np.ndarray:
-        h = self._hash[variable]
+    def open_uniforms(self, variable: str, part: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """The `part`-th permanent uniform in (0, 1) of `rows` (all rows when None), for samplers that invert
+        or take logarithms."""
+        h = self._hash[variable] if rows is None else self._hash[variable][rows]
         return self.memo.prf.open_uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
 
     def panel_ids(self) -> np.ndarray:
-        """The released pseudonym of each row: 53 bits of a keyed hash of the record (not its ledger tag), an
-        int64 that every format keeps exactly (Stata and SPSS hold numbers as doubles)."""
-        h = self.memo.prf.hashes(self.rid, tag_of("panel_id"), np.zeros(self.rid.size, dtype=np.uint64))
-        return (h >> np.uint64(11)).astype(np.int64)
+        """The released pseudonym of each row: the top 53 bits of the record's keyed tag, an int64 that every format
+        keeps exactly (Stata and SPSS hold numbers as doubles). The tag stays in the private store, so it adds
+        nothing there an intruder could use."""
+        return (self.out.rtag[0] >> np.uint64(11)).astype(np.int64)
 
 
 @contextmanager

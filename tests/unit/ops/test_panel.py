@@ -316,6 +316,7 @@ def test_memoized_noise_has_the_two_sided_gamma_law(theta):
     from pram_lib.channels.gamma_law import TwoSidedGamma, sample_from_uniforms
 
     rng = np.random.default_rng(int(theta * 10))
-    us = {}
-    y = sample_from_uniforms(theta, 2.0, lambda j: us.setdefault(j, rng.random(200_000)))
+    n, us = 200_000, {}
+    y = sample_from_uniforms(theta, 2.0, lambda j, rows: us.setdefault(j, rng.random(n))[slice(None) if rows is None
+                                                                                       else rows], n)
     assert stats.kstest(y, TwoSidedGamma(theta, 2.0).cdf).pvalue > 1e-3
