@@ -48,6 +48,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.bench_fixed_cost
 	$(BIN)/python -m benchmarks.bench_estimate
 	$(BIN)/python -m benchmarks.bench_memo
+	$(BIN)/python -m benchmarks.bench_longitudinal
 	$(BIN)/python -m benchmarks.results_md
 
 # the method benchmarks and paper reproductions of issues 2-5 (text reports in benchmarks/results/)

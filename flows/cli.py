@@ -91,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("if released now (predicted; nothing is charged by check):")
         for line in summary_lines(spec, predicted):
             print(f"  {line}")
-    if spec.population is not None:
+    if spec.population is not None and spec.longitudinal is None:
         from pram_lib.ops.ledger import ledger_for
         from pram_lib.spec import ledger_bound
 

@@ -65,21 +65,22 @@ class PanelState:
             self._index = pd.Index(self.records)
         return self._index.get_indexer(rtag) if self.records.size else np.full(rtag.size, -1, dtype=np.intp)
 
-    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray) -> np.ndarray:
-        """Whether each (record, value) pair was released before: the record's last pair first (most records),
-        then the sorted history for the rest (np.searchsorted)."""
-        out = np.zeros(pair.size, dtype=bool)
+    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(whether each pair is its record's last released pair, whether it was never released for the record):
+        the record's last pair first (most records), then the sorted history for the rest (np.searchsorted)."""
+        is_last = np.zeros(pair.size, dtype=bool)
         last = self.last.get(variable)
         if last is None or not self.records.size:
-            return out
+            return is_last, np.ones(pair.size, dtype=bool)
         known = pos >= 0
-        out[known] = last[pos[known]] == pair[known]
-        rest = np.flatnonzero(known & ~out)
+        is_last[known] = last[pos[known]] == pair[known]
+        new = ~is_last
+        rest = np.flatnonzero(known & new)
         hist = self.history[variable]
         if rest.size and hist.size:
             at = np.minimum(np.searchsorted(hist, pair[rest]), hist.size - 1)
-            out[rest] = hist[at] == pair[rest]
-        return out
+            new[rest] = hist[at] != pair[rest]
+        return is_last, new
 
     def loss_of(self, pos: np.ndarray) -> np.ndarray:
         out = np.zeros(pos.size)
@@ -163,23 +164,33 @@ class PanelStore:
         os.replace(tmp, self.folder / STATE_FILE)
 
 
+Sparse = tuple[np.ndarray, np.ndarray]   # (rows of the release, values)
+
+
 @dataclass
 class PanelChunk:
-    """The per-record accounting of one or more chunks (arrays per chunk, joined once when settled): the records'
-    tags, the ε each paid, and per variable the pair tag of the value released (0: none) and whether it was new."""
+    """The per-record accounting of one or more chunks, kept sparse (lists of per-chunk arrays, joined once when
+    settled): every row's record position in the ledger read (-1: a newcomer), the newcomers' tags, the ε paid, and
+    per variable the pair tags that are not the record's last (a changed value, or a first one)."""
 
-    rtag: list[np.ndarray]
-    charge: list[np.ndarray]
-    pos: list[np.ndarray] = field(default_factory=list)   # each record's row in the ledger read (-1: new)
-    pairs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    pos: list[np.ndarray]
+    fresh: list[Sparse]
+    charge: list[Sparse]
+    pairs: dict[str, list[Sparse]] = field(default_factory=dict)
     changed: dict[str, int] = field(default_factory=dict)   # records released before that paid for a new value
     blocked: dict[str, int] = field(default_factory=dict)
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
-        return PanelChunk(self.rtag + other.rtag, self.charge + other.charge, self.pos + other.pos,
+        return PanelChunk(self.pos + other.pos, self.fresh + other.fresh, self.charge + other.charge,
                           {v: p + other.pairs[v] for v, p in self.pairs.items()},
                           {v: n + other.changed.get(v, 0) for v, n in self.changed.items()},
                           {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()})
+
+
+def _joined(parts: list[Sparse], dtype) -> Sparse:
+    if not parts:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
+    return np.concatenate([r for r, _ in parts]), np.concatenate([x for _, x in parts])
 
 
 @dataclass
@@ -206,52 +217,50 @@ class Memo:
         except ValueError as exc:
             raise PanelError(f"the key column {self.key!r}: {exc}") from None
 
-    def chunk(self, df: pd.DataFrame) -> "MemoChunk":
+    def chunk(self, df: pd.DataFrame, start: int) -> "MemoChunk":
+        """The memo of the chunk of source rows start .. start + len(df)."""
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
         pos = self.state.positions(rtag)
-        return MemoChunk(self, rid, pos, rtag, self.base + self.state.loss_of(pos))
+        return MemoChunk(self, rid, pos, rtag, self.base + self.state.loss_of(pos), start)
 
 
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
         """The ledger after this release, and its summary (counts only)."""
         old = self.state
-        rt, charge = np.concatenate(chunks.rtag), np.concatenate(chunks.charge)
-        pairs = {v: np.concatenate(p) for v, p in chunks.pairs.items()}
         pos = np.concatenate(chunks.pos)
-        fresh = pos < 0
-        twice = int((np.bincount(pos[~fresh], minlength=old.records.size) > 1).sum()) if old.records.size else 0
-        newcomers = pd.Index(rt[fresh])   # a hash table (pandas), not a sort
+        fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
+        twice = int((np.bincount(pos[pos >= 0], minlength=old.records.size) > 1).sum()) if old.records.size else 0
+        newcomers = pd.Index(fresh_tags)   # a hash table (pandas), not a sort
         twice += 0 if newcomers.is_unique else int(newcomers.duplicated().sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names {twice} record(s) more than once: a longitudinal "
                              "release has one row per person")
-        pos[fresh] = old.records.size + np.arange(int(fresh.sum()))
-        n = old.records.size + int(fresh.sum())
-        records = np.concatenate([old.records, rt[fresh]])
-        loss = np.concatenate([old.loss, np.zeros(n - old.records.size)])
-        loss[pos] += charge
+        pos[fresh_rows] = old.records.size + np.arange(fresh_rows.size)
+        n = old.records.size + fresh_rows.size
+        records = np.concatenate([old.records, fresh_tags])
+        loss = np.concatenate([old.loss, np.zeros(fresh_rows.size)])
+        paid_rows, paid = _joined(chunks.charge, np.float64)
+        loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
         for v in self.charged:
-            lv = np.zeros(n, dtype=np.uint64)
-            if v in old.last:
-                lv[:old.records.size] = old.last[v]
-            pair = pairs[v]
-            moved = (pair != 0) & (lv[pos] != pair)          # released, and not the record's last pair
-            replaced = lv[pos[moved]]
-            lv[pos[moved]] = pair[moved]
+            lv = np.concatenate([old.last[v], np.zeros(fresh_rows.size, dtype=np.uint64)]) if v in old.last else \
+                np.zeros(n, dtype=np.uint64)
+            rows, pair = _joined(chunks.pairs[v], np.uint64)
+            at = pos[rows]
+            replaced = lv[at]
+            lv[at] = pair
             last[v] = lv
-            added = np.sort(replaced[replaced != 0])        # then two sorted runs, which the stable sort merges
+            added = np.sort(replaced[replaced != 0])      # then two sorted runs, which the stable sort merges
             history[v] = np.sort(np.concatenate([old.history[v], added]), kind="stable") if v in old.history else added
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
-        paid = charge > 0
         smallest = min((e for e in self.epsilon.values() if e > 0), default=0.0)
         total = self.base + loss[pos]
-        summary = {"release": state.releases, "records": int(rt.size), "new_records": int(fresh.sum()),
-                   "paid_nothing": int((~paid).sum()), "paid": int(paid.sum()),
-                   "largest_charge": float(charge.max()) if rt.size else 0.0,
+        summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
+                   "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),
+                   "largest_charge": float(paid.max()) if paid.size else 0.0,
                    "at_cap": int((total + smallest > self.cap + ROUNDING).sum()) if smallest else 0,
-                   "largest_loss": float(total.max()) if rt.size else 0.0, "cap": self.cap,
+                   "largest_loss": float(total.max()) if pos.size else 0.0, "cap": self.cap,
                    "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                    "channel_changed": sorted(v for v, fp in self.fingerprints.items()
                                              if v in old.channels and old.channels[v] != fp),
@@ -263,10 +272,11 @@ class MemoChunk:
     """A chunk's memoized randomness and its accounting, variable by variable in spec order: `admit` charges the
     records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
 
-    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray):
-        self.memo, self.rid, self.pos, self.loss = memo, rid, pos, loss
+    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray, start: int):
+        self.memo, self.rid, self.pos, self.rtag, self.loss, self.start = memo, rid, pos, rtag, loss, start
         self.charge = np.zeros(rid.size)
-        self.out = PanelChunk([rtag], [self.charge], [pos])
+        fresh = np.flatnonzero(pos < 0)
+        self.out = PanelChunk([pos], [(start + fresh, rtag[fresh])], [])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -280,16 +290,23 @@ class MemoChunk:
         ok = np.ones(h.size, dtype=bool)
         if eps <= 0:   # memoized, not accounted (a noise channel spends no ε)
             return ok
-        new = live & ~memo.state.seen(variable, self.pos, h)
+        last, new = memo.state.seen(variable, self.pos, h)
+        new &= live
         ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
         paid = new & ok
         self.loss[paid] += eps
         self.charge[paid] += eps
-        released = live & ok
-        self.out.pairs[variable] = [np.where(released, h, np.uint64(0))]
+        moved = np.flatnonzero(live & ok & ~last)      # the pairs that become the record's last
+        self.out.pairs[variable] = [(self.start + moved, h[moved])]
         self.out.changed[variable] = int((paid & (self.pos >= 0)).sum())
         self.out.blocked[variable] = int((~ok).sum())
         return ok
+
+    def finish(self) -> PanelChunk:
+        """The chunk's accounting, once every variable is admitted."""
+        paid = np.flatnonzero(self.charge)
+        self.out.charge = [(self.start + paid, self.charge[paid])]
+        return self.out
 
     def uniforms(self, variable: str, part: int = 0) -> np.ndarray:
         """Each row's permanent uniform for `variable` in [0, 1): its `part`-th (part 0 is the pair hash itself: a
@@ -309,7 +326,7 @@ class MemoChunk:
         """The released pseudonym of each row: the top 53 bits of the record's keyed tag, an int64 that every format
         keeps exactly (Stata and SPSS hold numbers as doubles). The tag stays in the private store, so it adds
         nothing there an intruder could use."""
-        return (self.out.rtag[0] >> np.uint64(11)).astype(np.int64)
+        return (self.rtag >> np.uint64(11)).astype(np.int64)
 
 
 @contextmanager

@@ -518,7 +518,7 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     res = ChunkResult([ref.index], len(df))
     released: dict[str, object] = {}
     try:
-        memo = None if plan.memo is None else plan.memo.chunk(df)
+        memo = None if plan.memo is None else plan.memo.chunk(df, ref.start)
     except PanelError as exc:
         raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
                          "give every person one key of whole numbers or text") from None
@@ -527,7 +527,7 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     for i, v in enumerate(spec.variables):
         columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start, memo)
         released.update(columns)
-    res.panel = None if memo is None else memo.out
+    res.panel = None if memo is None else memo.finish()
     for c in spec.passthrough:
         s = df[c]
         want = plan.passthrough_dtypes[c]
