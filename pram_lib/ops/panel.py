@@ -50,20 +50,25 @@ class PanelState:
     """What the private store keeps of a longitudinal population: keyed hashes and per-record ε, never a key or
     a value."""
 
-    records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, in arrival order
+    records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, sorted
     loss: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))      # cumulative ε per record
     last: dict[str, np.ndarray] = field(default_factory=dict)     # variable -> last released pair tag (0: none)
     history: dict[str, np.ndarray] = field(default_factory=dict)  # variable -> pair tags released before that are
     #                                                                no longer a record's last, sorted
     channels: dict[str, str] = field(default_factory=dict)        # variable -> fingerprint of its last channel
     releases: int = 0
-    _index: pd.Index | None = field(default=None, repr=False)
 
     def positions(self, rtag: np.ndarray) -> np.ndarray:
-        """Each record's row in the ledger, -1 for a record never released (a hash join, pandas.Index)."""
-        if self._index is None:
-            self._index = pd.Index(self.records)
-        return self._index.get_indexer(rtag) if self.records.size else np.full(rtag.size, -1, dtype=np.intp)
+        """Each record's row in the ledger, -1 for a record never released: a sort-merge join (the tags sorted,
+        then np.searchsorted in the sorted ledger; numpy's sort is far cheaper than a hash table at 10^7)."""
+        pos = np.full(rtag.size, -1, dtype=np.int64)
+        if not self.records.size or not rtag.size:
+            return pos
+        order = np.argsort(rtag)
+        wanted = rtag[order]
+        at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
+        pos[order] = np.where(self.records[at] == wanted, at, -1)
+        return pos
 
     def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(whether each pair is its record's last released pair, whether it was never released for the record):
@@ -141,6 +146,8 @@ class PanelStore:
         try:
             with np.load(path, allow_pickle=False) as z:
                 names = [str(n) for n in z["variables"]]
+                if z["records"].size > 1 and not bool(np.all(z["records"][1:] > z["records"][:-1])):
+                    raise ValueError("its records are not sorted")
                 return PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
                                   {n: z[f"history_{j}"] for j, n in enumerate(names)},
                                   dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
@@ -231,21 +238,31 @@ class Memo:
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
         twice = int((np.bincount(pos[pos >= 0], minlength=old.records.size) > 1).sum()) if old.records.size else 0
-        newcomers = pd.Index(fresh_tags)   # a hash table (pandas), not a sort
-        twice += 0 if newcomers.is_unique else int(newcomers.duplicated().sum())
+        rank = np.argsort(fresh_tags)
+        newcomers = fresh_tags[rank]
+        twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names {twice} record(s) more than once: a longitudinal "
                              "release has one row per person")
-        pos[fresh_rows] = old.records.size + np.arange(fresh_rows.size)
-        n = old.records.size + fresh_rows.size
-        records = np.concatenate([old.records, fresh_tags])
-        loss = np.concatenate([old.loss, np.zeros(fresh_rows.size)])
+        # the ledger stays sorted by tag: merge the newcomers in (two sorted runs; the stable sort merges them)
+        merged = np.concatenate([old.records, newcomers])
+        order = np.argsort(merged, kind="stable")
+        where = np.empty(order.size, dtype=np.int64)
+        where[order] = np.arange(order.size)          # old row (then newcomer rank) -> new row
+        known = pos >= 0
+        pos[known] = where[pos[known]]
+        fresh_at = np.empty(rank.size, dtype=np.int64)
+        fresh_at[rank] = where[old.records.size + np.arange(rank.size)]
+        pos[fresh_rows] = fresh_at
+        n = merged.size
+        records = merged[order]
+        loss = np.concatenate([old.loss, np.zeros(fresh_rows.size)])[order]
         paid_rows, paid = _joined(chunks.charge, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
         for v in self.charged:
-            lv = np.concatenate([old.last[v], np.zeros(fresh_rows.size, dtype=np.uint64)]) if v in old.last else \
-                np.zeros(n, dtype=np.uint64)
+            lv = np.concatenate([old.last[v], np.zeros(fresh_rows.size, dtype=np.uint64)])[order] if v in old.last \
+                else np.zeros(n, dtype=np.uint64)
             rows, pair = _joined(chunks.pairs[v], np.uint64)
             at = pos[rows]
             replaced = lv[at]
