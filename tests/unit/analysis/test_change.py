@@ -22,8 +22,8 @@ import pytest
 from analysis_helpers import (dense_entry, keep_uniform_entry, keep_uniform_matrix, krr_matrix, noise_entry,
                               write_channels)
 from pram_lib.analysis import ReleaseError, change_between, open_release
-from pram_lib.analysis.change import (change_in_means, change_in_shares, pair_covariance_table, panel_keys,
-                                      single_draw_cov)
+from pram_lib.analysis.change import (change_in_means, change_in_shares, change_in_table, pair_covariance_table,
+                                      pair_table_cov, panel_keys, single_draw_cov)
 
 Z95 = 1.959963984540054
 
@@ -370,3 +370,130 @@ def test_bad_change_requests(two, tmp_path):
     pq.write_table(pa.table({"panel_id": ["0" * 16], "s": ["x"], "v": ["a"]}), strat / "data.parquet")
     with pytest.raises(ReleaseError, match="per stratum"):
         change_between(open_release(strat, verify=False), open_release(strat, verify=False), "v")
+
+
+# ------------------------------------------------------------------------------------------------
+# two-way tables: each variable memoized on its own, the joint channel T_a ⊗ T_b
+# ------------------------------------------------------------------------------------------------
+def variable_pair_law(t1: np.ndarray, t2: np.ndarray, x1: int, x2: int, memoized: bool) -> np.ndarray:
+    """P(z₁ = a, z₂ = b | x₁, x₂) for one variable: the same draw when memoized and unchanged, else independent."""
+    return np.diag(t1[x1]) if memoized and x1 == x2 else np.outer(t1[x1], t2[x2])
+
+
+def table_case(case: str, rng: np.random.Generator):
+    """Channels (T_a, T_b) of release 1 and 2, and which variable is memoized: k_a = 2, k_b = 3."""
+    ta, tb = random_channel(2, 2, rng), random_channel(3, 3, rng)
+    if case == "both memoized":
+        return (ta, tb), (ta, tb), (True, True)
+    if case == "b not square":
+        tb = random_channel(3, 4, rng)
+        return (ta, tb), (ta, tb), (True, True)
+    return (ta, tb), (ta, random_channel(3, 3, rng)), (True, False)   # b's channel differs in release 2
+
+
+@pytest.mark.parametrize("case, seed", [("both memoized", 11), ("both memoized", 12), ("b not square", 13),
+                                        ("b redrawn", 14)])
+def test_table_pair_variance_is_unbiased_for_every_pair_of_joint_true_values(case, seed):
+    """For one record in both releases, E[its variance estimate | x₁, x₂] = Var(w | x₁, x₂), both by enumerating
+    the joint pair law (a product over the two variables) over every pair of joint true values; and the
+    independent-release estimate is conservative for every cell (the fallback's claim)."""
+    t1, t2, memoized = table_case(case, np.random.default_rng(seed))
+    n1, n2 = 7.0, 11.0
+    big_a1 = np.kron(left_inverse(t1[0]), left_inverse(t1[1]))
+    big_a2 = np.kron(left_inverse(t2[0]), left_inverse(t2[1]))
+    big_t1, big_t2 = np.kron(*t1), np.kron(*t2)
+    (ka, ma1), (kb, mb1), ma2, mb2 = t1[0].shape, t1[1].shape, t2[0].shape[1], t2[1].shape[1]
+    k = ka * kb
+    outcomes = list(itertools.product(range(ma1), range(mb1), range(ma2), range(mb2)))
+    estimate = {}
+    for za1, zb1, za2, zb2 in outcomes:
+        cov, failed = pair_table_cov(t1, t2, (np.array([za1]), np.array([zb1])), (np.array([za2]), np.array([zb2])),
+                                     n1, n2, memoized)
+        assert not failed
+        estimate[za1, zb1, za2, zb2] = cov
+    for (xa1, xb1), (xa2, xb2) in itertools.product(itertools.product(range(ka), range(kb)), repeat=2):
+        law_a = variable_pair_law(t1[0], t2[0], xa1, xa2, memoized[0])
+        law_b = variable_pair_law(t1[1], t2[1], xb1, xb2, memoized[1])
+        mean, second, expected = np.zeros(k), np.zeros((k, k)), np.zeros((k, k))
+        for za1, zb1, za2, zb2 in outcomes:
+            p = law_a[za1, za2] * law_b[zb1, zb2]
+            w = big_a2[:, za2 * mb2 + zb2] / n2 - big_a1[:, za1 * mb1 + zb1] / n1
+            mean += p * w
+            second += p * np.outer(w, w)
+            expected += p * estimate[za1, zb1, za2, zb2]
+        x1, x2 = xa1 * kb + xb1, xa2 * kb + xb2
+        assert np.allclose(mean, np.eye(k)[x2] / n2 - np.eye(k)[x1] / n1, atol=1e-12)     # w is unbiased
+        var = second - np.outer(mean, mean)
+        assert np.allclose(expected, var, rtol=0, atol=1e-10 * max(1.0, np.abs(var).max()))
+        v1 = big_a1 @ np.diag(big_t1[x1]) @ big_a1.T - np.outer(np.eye(k)[x1], np.eye(k)[x1])
+        v2 = big_a2 @ np.diag(big_t2[x2]) @ big_a2.T - np.outer(np.eye(k)[x2], np.eye(k)[x2])
+        independent = v1 / n1 ** 2 + v2 / n2 ** 2                 # E of the independent-release estimate
+        assert np.all(np.diag(independent) - np.diag(var) > -1e-12)
+
+
+TABLE_KA, TABLE_KB = 3, 4
+TABLE_REPLICATIONS = 2000
+SHARES_A, SHARES_B = np.array([0.5, 0.3, 0.2]), np.array([0.4, 0.3, 0.2, 0.1])
+
+
+def changed_copy(x: np.ndarray, k: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """x with a share `rate` of the records moved to another of the k categories (uniformly)."""
+    out = x.copy()
+    moved = rng.random(x.size) < rate
+    out[moved] = (x[moved] + rng.integers(1, k, size=int(moved.sum()))) % k
+    return out
+
+
+@pytest.fixture(scope="module")
+def table_runs():
+    """(change − truth, se, se_independent) per replication and joint cell (a·k_b + b): 3,000 records, 5 % change
+    a and 5 % change b (independently), 1 % departed, 2 % new; K-ary RR at ε = 1 on each variable, each memoized on
+    its own (one uniform per record and value of that variable)."""
+    rng = np.random.default_rng(20261128)
+    ta = krr_matrix(TABLE_KA, np.exp(EPS) / (np.exp(EPS) + TABLE_KA - 1))
+    tb = krr_matrix(TABLE_KB, np.exp(EPS) / (np.exp(EPS) + TABLE_KB - 1))
+    n, n_new, cells = N_RECORDS, int(NEW * N_RECORDS), TABLE_KA * TABLE_KB
+    errors, ses, ses_ind = [], [], []
+    for _ in range(TABLE_REPLICATIONS):
+        xa1, xb1 = rng.choice(TABLE_KA, size=n, p=SHARES_A), rng.choice(TABLE_KB, size=n, p=SHARES_B)
+        xa2, xb2 = changed_copy(xa1, TABLE_KA, CHANGED, rng), changed_copy(xb1, TABLE_KB, CHANGED, rng)
+        gone = rng.random(n) < DEPARTED
+        xa2[gone], xb2[gone] = -1, -1
+        absent = np.full(n_new, -1)
+        xa1, xb1 = np.concatenate([xa1, absent]), np.concatenate([xb1, absent])
+        xa2 = np.concatenate([xa2, rng.choice(TABLE_KA, size=n_new, p=SHARES_A)])
+        xb2 = np.concatenate([xb2, rng.choice(TABLE_KB, size=n_new, p=SHARES_B)])
+        ua, ub = rng.random((xa1.size, TABLE_KA)), rng.random((xa1.size, TABLE_KB))
+        za1, za2 = memoized_release(xa1, ta, ua), memoized_release(xa2, ta, ua)
+        zb1, zb2 = memoized_release(xb1, tb, ub), memoized_release(xb2, tb, ub)
+        rows = np.arange(xa1.size)
+        r1, r2 = rows[xa1 >= 0], rows[xa2 >= 0]
+        pos2 = np.full(xa1.size, -1)
+        pos2[r2] = np.arange(r2.size)
+        in_both = np.flatnonzero(pos2[r1] >= 0)
+        s = change_in_table((ta, tb), (ta, tb), (za1[r1], zb1[r1]), (za2[r2], zb2[r2]), in_both,
+                            pos2[r1[in_both]], memoized=(True, True))
+        truth_1 = np.bincount(xa1[r1] * TABLE_KB + xb1[r1], minlength=cells) / r1.size
+        truth_2 = np.bincount(xa2[r2] * TABLE_KB + xb2[r2], minlength=cells) / r2.size
+        errors.append(s.change - (truth_2 - truth_1))
+        ses.append(np.sqrt(np.maximum(np.diag(s.cov), 0.0)))
+        ses_ind.append(np.sqrt(np.diag(s.cov_independent)))
+    return np.array(errors), np.array(ses), np.array(ses_ind)
+
+
+@pytest.mark.slow
+def test_table_change_is_unbiased(table_runs):
+    errors, _, _ = table_runs
+    mc_se = errors.std(axis=0, ddof=1) / np.sqrt(TABLE_REPLICATIONS)
+    assert np.all(np.abs(errors.mean(axis=0)) < 3 * mc_se), errors.mean(axis=0) / mc_se
+
+
+@pytest.mark.slow
+def test_table_change_intervals_cover_and_are_narrower_than_independent_ones(table_runs):
+    """Coverage per cell over 2000 replications: binomial sd √(0.95·0.05/2000) = 0.0049, so 93–97 % is ±4 sd
+    around 95 % (for 12 cells, a chance below 0.1 % that a correct interval leaves the band)."""
+    errors, ses, ses_ind = table_runs
+    covered = (np.abs(errors) <= Z95 * ses).mean(axis=0)
+    assert np.all((covered >= 0.93) & (covered <= 0.97)), covered
+    assert np.all(ses.mean(axis=0) < 0.5 * ses_ind.mean(axis=0)), ses.mean(axis=0) / ses_ind.mean(axis=0)
+    assert np.allclose((ses ** 2).mean(axis=0), errors.var(axis=0), rtol=0.1)
