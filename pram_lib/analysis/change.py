@@ -1,4 +1,5 @@
-"""Change between two releases of one population: shares of a categorical variable, or the mean of a noised one.
+"""Change between two releases of one population: shares of a categorical variable, the two-way table of two, or
+the mean of a noised one.
 
 Longitudinal releases carry `panel_id`, the same pseudonym for a person in every release of the population, and
 memoize the perturbation per (record, variable, value): a record whose true value x is the same in both releases
@@ -20,6 +21,23 @@ V(x) = A diag(T[x]) Aᵀ − e_x e_xᵀ = Cov(A e_z | x):
   is used, conservative: (1/n₂ − 1/n₁)² ≤ 1/n₁² + 1/n₂² and V(x) is positive semi-definite.
 `se_independent` treats the releases as independent: each release's own unbiased estimate
 (A diag(f_t) Aᵀ − diag(A f_t))/n_t, summed (the perturbation's variance only, as for D's se).
+
+Two-way tables of two categorical variables a and b (cells (x_a, x_b), index x_a·k_b + x_b): each variable is
+memoized on its own, so a record's released pair is (z_a, z_b) with z_a depending on (record, x_a) only and the
+draws of a and b independent. The joint channel is T = T_a ⊗ T_b, A = A_a ⊗ A_b, and D, w_i are as for shares over
+the joint cells. For a record in both releases, Var(w | x₁, x₂) = E[w wᵀ] − E[w] E[w]ᵀ with
+E[w] E[w]ᵀ = e₂e₂ᵀ/n₂² + e₁e₁ᵀ/n₁² − (e₁e₂ᵀ + e₂e₁ᵀ)/(n₁n₂) (e_t = e_{x_t}). Unbiased for each term: w wᵀ itself;
+diag(A e_{z_t}) for e_t e_tᵀ (one draw, whatever the pairing); and G(z₁, z₂) for the cross term e₁e₂ᵀ, where per
+variable G_v solves E[G_v(z₁, z₂) | x₁, x₂] = e_{x₁} e_{x₂}ᵀ for all k² pairs under that variable's pair law (the
+k² × m² system above with target I), and G = G_a ⊗ G_b: the two variables' draws are independent and
+e_{x₁} e_{x₂}ᵀ = (e_{x_a1} e_{x_a2}ᵀ) ⊗ (e_{x_b1} e_{x_b2}ᵀ), so E[G] = E[G_a] ⊗ E[G_b] = e₁e₂ᵀ. Collecting terms,
+the estimate per pair is the two single-draw estimates minus (Y + Yᵀ)/(n₁n₂), Y = A e_{z₁} (A e_{z₂})ᵀ − G(z₁, z₂)
+an unbiased estimate of Cov(A e_{z₁}, A e_{z₂} | x); Σ Y over the pairs groups the records by their released
+pairs (numpy.unique), adds the G_b blocks per pair of a with np.add.at, then one matrix product. A variable whose
+channel differs between the releases has independent draws: its G_v is A₁ e_{z₁} (A₂ e_{z₂})ᵀ itself. If a
+variable's system has no exact solution the independent-release se is used: conservative for every cell's variance
+(the diagonal of Cov(A e_{z₁}, A e_{z₂} | x) = ⊗_v E[A_v e A_v eᵀ] − e₁e₂ᵀ is ≥ 0, each factor's diagonal being at
+least 1{c = x_v1 = x_v2}), though not for every contrast of cells.
 
 Means of a column released as x + Y (noise variance σ², identity scale): D = mean₂ − mean₁, and per record
 Var w is known exactly from what is observed, since z₁ = z₂ exactly when the value did not change:

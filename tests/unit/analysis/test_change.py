@@ -497,3 +497,103 @@ def test_table_change_intervals_cover_and_are_narrower_than_independent_ones(tab
     assert np.all((covered >= 0.93) & (covered <= 0.97)), covered
     assert np.all(ses.mean(axis=0) < 0.5 * ses_ind.mean(axis=0)), ses.mean(axis=0) / ses_ind.mean(axis=0)
     assert np.allclose((ses ** 2).mean(axis=0), errors.var(axis=0), rtol=0.1)
+
+
+U_CATS, U_KEEP = ["p", "q"], [0.8, 0.7]
+
+
+def write_table_release(folder, ids, v, u, y, u_keep=U_KEEP, with_panel=True):
+    """A release with two categorical columns v (CATS, KEEP) and u (U_CATS, u_keep) and a noised y; -1: missing."""
+    write_channels(folder, [keep_uniform_entry("v", CATS, KEEP), keep_uniform_entry("u", U_CATS, u_keep),
+                            noise_entry("y", THETA, ETA)])
+    columns = {name: pa.DictionaryArray.from_arrays(pa.array(np.maximum(c, 0).astype(np.int32), mask=c < 0),
+                                                    pa.array(cats))
+               for name, c, cats in (("v", v, CATS), ("u", u, U_CATS))}
+    columns["y"] = pa.array(y)
+    if with_panel:
+        columns = {"panel_id": pa.array(np.asarray(ids, dtype=np.int64)), **columns}
+    pq.write_table(pa.table(columns), folder / "data.parquet")
+    return open_release(folder, verify=False)
+
+
+@pytest.fixture
+def two_tables(tmp_path):
+    """ids 0..39 in release 1, 4..39 and 100..105 shuffled in release 2; most records keep their released v and u;
+    id 20 has no u in release 1, id 10 no v in release 2."""
+    rng = np.random.default_rng(5)
+    ids1 = np.arange(40)
+    ids2 = rng.permutation(np.concatenate([np.arange(4, 40), np.arange(100, 106)]))
+    v1, u1 = rng.integers(0, 3, ids1.size), rng.integers(0, 2, ids1.size)
+    v2, u2 = rng.integers(0, 3, ids2.size), rng.integers(0, 2, ids2.size)
+    stay = np.isin(ids2, np.arange(4, 32))
+    v2[stay], u2[stay] = v1[ids2[stay]], u1[ids2[stay]]
+    u1[ids1 == 20], v2[ids2 == 10] = -1, -1
+    y1, y2 = rng.normal(50, 5, ids1.size), rng.normal(50, 5, ids2.size)
+    r1 = write_table_release(tmp_path / "r1", ids1, v1, u1, y1)
+    r2 = write_table_release(tmp_path / "r2", ids2, v2, u2, y2)
+    return r1, r2, (ids1, v1, u1, y1), (ids2, v2, u2, y2), tmp_path
+
+
+def test_table_change_between_two_release_folders(two_tables):
+    r1, r2, (ids1, v1, u1, _), (ids2, v2, u2, _), _ = two_tables
+    est = change_between(r1, r2, ["v", "u"])
+    tv, tu = keep_uniform_matrix(KEEP), keep_uniform_matrix(U_KEEP)
+    a = np.kron(left_inverse(tv), left_inverse(tu))
+    ok1, ok2 = (v1 >= 0) & (u1 >= 0), (v2 >= 0) & (u2 >= 0)
+    f1 = np.bincount(v1[ok1] * 2 + u1[ok1], minlength=6) / ok1.sum()
+    f2 = np.bincount(v2[ok2] * 2 + u2[ok2], minlength=6) / ok2.sum()
+    assert list(est.frame.columns) == ["v", "u", "share_1", "share_2", "change", "se", "lower", "upper",
+                                       "se_independent"]
+    assert list(zip(est.frame["v"], est.frame["u"])) == list(itertools.product(CATS, U_CATS))
+    assert np.allclose(est.frame["share_1"], a @ f1) and np.allclose(est.frame["share_2"], a @ f2)
+    assert np.allclose(est.frame["change"], a @ (f2 - f1))
+    # ids 4..39 in both but id 20 (no u in release 1) and id 10 (no v in release 2): 34 pairs; 6 + 1 new, 4 + 1 left
+    assert (est.paired, est.new, est.departed, est.n_1, est.n_2) == (34, 7, 5, 39, 41)
+    n1, n2 = 39, 41
+    independent = sum((a @ np.diag(f) @ a.T - np.diag(a @ f)) / n for f, n in ((f1, n1), (f2, n2)))
+    assert np.allclose(est.frame["se_independent"], np.sqrt(np.maximum(np.diag(independent), 0)))
+    pos = {i: j for j, i in enumerate(ids2)}
+    i1 = np.arange(4, 40)
+    i2 = np.array([pos[i] for i in i1])
+    s = change_in_table((tv, tu), (tv, tu), (v1, u1), (v2, u2), i1, i2, memoized=(True, True))
+    assert np.allclose(est.cov, s.cov) and np.allclose(est.frame["se"], np.sqrt(np.maximum(np.diag(s.cov), 0)))
+    assert np.all(est.frame["se"] < est.frame["se_independent"])       # 28 of 34 pairs released identically
+    assert np.allclose(est.frame["upper"] - est.frame["change"], Z95 * est.frame["se"])
+    same = r1.change(r2, ["v", "u"])
+    assert np.allclose(same.frame[["change", "se"]].to_numpy(), est.frame[["change", "se"]].to_numpy())
+    assert "change of v × u" in str(est) and est.note == ""
+
+
+def test_table_change_with_one_channel_redrawn_or_without_panel_id(two_tables):
+    r1, _, _, (ids2, v2, u2, y2), tmp = two_tables
+    other = write_table_release(tmp / "other", ids2, v2, u2, y2, u_keep=[0.6, 0.9])
+    est = change_between(r1, other, ["v", "u"])
+    assert "channel of u differs" in est.note and "channel of v" not in est.note
+    plain = write_table_release(tmp / "plain", ids2, v2, u2, y2, with_panel=False)
+    est = change_between(r1, plain, ["v", "u"])
+    assert "no panel_id" in est.note and est.paired == 0
+    assert np.allclose(est.frame["se"], est.frame["se_independent"])
+
+
+def test_table_change_falls_back_to_the_independent_se_when_a_pair_system_is_not_solved(two_tables, monkeypatch):
+    import pram_lib.analysis.change as change
+
+    r1, r2, *_ = two_tables
+    monkeypatch.setattr(change, "MAX_PAIR_SYSTEM", 5)      # u: k·m = 4 is solved, v: 9 is not
+    est = change_between(r1, r2, ["v", "u"])
+    assert "channel of v " in est.note and "conservative" in est.note and " u " not in est.note
+    assert np.allclose(est.frame["se"], est.frame["se_independent"])
+
+
+def test_bad_table_change_requests(two_tables):
+    r1, r2, *_ = two_tables
+    with pytest.raises(ReleaseError, match="two different categorical"):
+        change_between(r1, r2, ["v", "u", "y"])
+    with pytest.raises(ReleaseError, match="two different categorical"):
+        r1.change(r2, ["v", "v"])
+    with pytest.raises(ReleaseError, match="'y' .* additive noise: the change of a two-way table takes two categorical"):
+        change_between(r1, r2, ["v", "y"])
+    with pytest.raises(ReleaseError, match="'panel_id' .* unperturbed"):
+        change_between(r1, r2, ["panel_id", "u"])
+    with pytest.raises(ReleaseError, match="no column 'w'"):
+        change_between(r1, r2, ["v", "w"])
