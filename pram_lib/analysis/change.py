@@ -250,7 +250,7 @@ def joint_codes(za: np.ndarray, zb: np.ndarray, mb: int) -> np.ndarray:
 
 def pair_table_cov(t1: tuple[np.ndarray, np.ndarray], t2: tuple[np.ndarray, np.ndarray],
                    z1: tuple[np.ndarray, np.ndarray], z2: tuple[np.ndarray, np.ndarray], n1: float, n2: float,
-                   memoized: tuple[bool, bool]) -> tuple[np.ndarray | None, list[str]]:
+                   memoized: tuple[bool, bool]) -> tuple[np.ndarray | None, list[int]]:
     """Σ over records j in both releases, released (z1[0][j], z1[1][j]) then (z2[0][j], z2[1][j]), of the unbiased
     estimate of Cov(w_j | x) for the two-way table (module docstring), channels t1 = (T_a, T_b) in release 1 and t2
     in release 2; `memoized[v]`: variable v's unchanged values have the same released value in both. (None, the
