@@ -27,9 +27,10 @@ class Release(ReleaseData):
         """The estimated true mean and variance of a continuous `variable` (within each true cell of `by`)."""
         return estimate_mean(self, variable, _names(by), confidence, scale)
 
-    def change(self, later: "Release", variable: str, confidence: float = 0.95) -> ChangeEstimate:
-        """The change of `variable` (shares, or the mean of a noised column) from this release to `later`, a
-        release of the same population (see pram_lib.analysis.change)."""
+    def change(self, later: "Release", variable: Sequence[str] | str, confidence: float = 0.95) -> ChangeEstimate:
+        """The change of `variable` (shares, or the mean of a noised column; two categorical variables: their
+        two-way table) from this release to `later`, a release of the same population (see
+        pram_lib.analysis.change)."""
         return change_between(self, later, variable, confidence)
 
     def regress(self, formula: str | None = None, *, y: str | None = None, x: Sequence[str] | None = None,

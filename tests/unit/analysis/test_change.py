@@ -22,8 +22,8 @@ import pytest
 from analysis_helpers import (dense_entry, keep_uniform_entry, keep_uniform_matrix, krr_matrix, noise_entry,
                               write_channels)
 from pram_lib.analysis import ReleaseError, change_between, open_release
-from pram_lib.analysis.change import (change_in_means, change_in_shares, pair_covariance_table, panel_keys,
-                                      single_draw_cov)
+from pram_lib.analysis.change import (change_in_means, change_in_shares, change_in_table, pair_covariance_table,
+                                      pair_table_cov, panel_keys, single_draw_cov)
 
 Z95 = 1.959963984540054
 
@@ -370,3 +370,230 @@ def test_bad_change_requests(two, tmp_path):
     pq.write_table(pa.table({"panel_id": ["0" * 16], "s": ["x"], "v": ["a"]}), strat / "data.parquet")
     with pytest.raises(ReleaseError, match="per stratum"):
         change_between(open_release(strat, verify=False), open_release(strat, verify=False), "v")
+
+
+# ------------------------------------------------------------------------------------------------
+# two-way tables: each variable memoized on its own, the joint channel T_a ⊗ T_b
+# ------------------------------------------------------------------------------------------------
+def variable_pair_law(t1: np.ndarray, t2: np.ndarray, x1: int, x2: int, memoized: bool) -> np.ndarray:
+    """P(z₁ = a, z₂ = b | x₁, x₂) for one variable: the same draw when memoized and unchanged, else independent."""
+    return np.diag(t1[x1]) if memoized and x1 == x2 else np.outer(t1[x1], t2[x2])
+
+
+def table_case(case: str, rng: np.random.Generator):
+    """Channels (T_a, T_b) of release 1 and 2, and which variable is memoized: k_a = 2, k_b = 3."""
+    ta, tb = random_channel(2, 2, rng), random_channel(3, 3, rng)
+    if case == "both memoized":
+        return (ta, tb), (ta, tb), (True, True)
+    if case == "b not square":
+        tb = random_channel(3, 4, rng)
+        return (ta, tb), (ta, tb), (True, True)
+    return (ta, tb), (ta, random_channel(3, 3, rng)), (True, False)   # b's channel differs in release 2
+
+
+@pytest.mark.parametrize("case, seed", [("both memoized", 11), ("both memoized", 12), ("b not square", 13),
+                                        ("b redrawn", 14)])
+def test_table_pair_variance_is_unbiased_for_every_pair_of_joint_true_values(case, seed):
+    """For one record in both releases, E[its variance estimate | x₁, x₂] = Var(w | x₁, x₂), both by enumerating
+    the joint pair law (a product over the two variables) over every pair of joint true values; and the
+    independent-release estimate is conservative for every cell (the fallback's claim)."""
+    t1, t2, memoized = table_case(case, np.random.default_rng(seed))
+    n1, n2 = 7.0, 11.0
+    big_a1 = np.kron(left_inverse(t1[0]), left_inverse(t1[1]))
+    big_a2 = np.kron(left_inverse(t2[0]), left_inverse(t2[1]))
+    big_t1, big_t2 = np.kron(*t1), np.kron(*t2)
+    (ka, ma1), (kb, mb1), ma2, mb2 = t1[0].shape, t1[1].shape, t2[0].shape[1], t2[1].shape[1]
+    k = ka * kb
+    outcomes = list(itertools.product(range(ma1), range(mb1), range(ma2), range(mb2)))
+    estimate = {}
+    for za1, zb1, za2, zb2 in outcomes:
+        cov, failed = pair_table_cov(t1, t2, (np.array([za1]), np.array([zb1])), (np.array([za2]), np.array([zb2])),
+                                     n1, n2, memoized)
+        assert not failed
+        estimate[za1, zb1, za2, zb2] = cov
+    for (xa1, xb1), (xa2, xb2) in itertools.product(itertools.product(range(ka), range(kb)), repeat=2):
+        law_a = variable_pair_law(t1[0], t2[0], xa1, xa2, memoized[0])
+        law_b = variable_pair_law(t1[1], t2[1], xb1, xb2, memoized[1])
+        mean, second, expected = np.zeros(k), np.zeros((k, k)), np.zeros((k, k))
+        for za1, zb1, za2, zb2 in outcomes:
+            p = law_a[za1, za2] * law_b[zb1, zb2]
+            w = big_a2[:, za2 * mb2 + zb2] / n2 - big_a1[:, za1 * mb1 + zb1] / n1
+            mean += p * w
+            second += p * np.outer(w, w)
+            expected += p * estimate[za1, zb1, za2, zb2]
+        x1, x2 = xa1 * kb + xb1, xa2 * kb + xb2
+        assert np.allclose(mean, np.eye(k)[x2] / n2 - np.eye(k)[x1] / n1, atol=1e-12)     # w is unbiased
+        var = second - np.outer(mean, mean)
+        assert np.allclose(expected, var, rtol=0, atol=1e-10 * max(1.0, np.abs(var).max()))
+        v1 = big_a1 @ np.diag(big_t1[x1]) @ big_a1.T - np.outer(np.eye(k)[x1], np.eye(k)[x1])
+        v2 = big_a2 @ np.diag(big_t2[x2]) @ big_a2.T - np.outer(np.eye(k)[x2], np.eye(k)[x2])
+        independent = v1 / n1 ** 2 + v2 / n2 ** 2                 # E of the independent-release estimate
+        assert np.all(np.diag(independent) - np.diag(var) > -1e-12)
+
+
+TABLE_KA, TABLE_KB = 3, 4
+TABLE_REPLICATIONS = 2000
+SHARES_A, SHARES_B = np.array([0.5, 0.3, 0.2]), np.array([0.4, 0.3, 0.2, 0.1])
+
+
+def changed_copy(x: np.ndarray, k: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """x with a share `rate` of the records moved to another of the k categories (uniformly)."""
+    out = x.copy()
+    moved = rng.random(x.size) < rate
+    out[moved] = (x[moved] + rng.integers(1, k, size=int(moved.sum()))) % k
+    return out
+
+
+@pytest.fixture(scope="module")
+def table_runs():
+    """(change − truth, se, se_independent) per replication and joint cell (a·k_b + b): 3,000 records, 5 % change
+    a and 5 % change b (independently), 1 % departed, 2 % new; K-ary RR at ε = 1 on each variable, each memoized on
+    its own (one uniform per record and value of that variable)."""
+    rng = np.random.default_rng(20261128)
+    ta = krr_matrix(TABLE_KA, np.exp(EPS) / (np.exp(EPS) + TABLE_KA - 1))
+    tb = krr_matrix(TABLE_KB, np.exp(EPS) / (np.exp(EPS) + TABLE_KB - 1))
+    n, n_new, cells = N_RECORDS, int(NEW * N_RECORDS), TABLE_KA * TABLE_KB
+    errors, ses, ses_ind = [], [], []
+    for _ in range(TABLE_REPLICATIONS):
+        xa1, xb1 = rng.choice(TABLE_KA, size=n, p=SHARES_A), rng.choice(TABLE_KB, size=n, p=SHARES_B)
+        xa2, xb2 = changed_copy(xa1, TABLE_KA, CHANGED, rng), changed_copy(xb1, TABLE_KB, CHANGED, rng)
+        gone = rng.random(n) < DEPARTED
+        xa2[gone], xb2[gone] = -1, -1
+        absent = np.full(n_new, -1)
+        xa1, xb1 = np.concatenate([xa1, absent]), np.concatenate([xb1, absent])
+        xa2 = np.concatenate([xa2, rng.choice(TABLE_KA, size=n_new, p=SHARES_A)])
+        xb2 = np.concatenate([xb2, rng.choice(TABLE_KB, size=n_new, p=SHARES_B)])
+        ua, ub = rng.random((xa1.size, TABLE_KA)), rng.random((xa1.size, TABLE_KB))
+        za1, za2 = memoized_release(xa1, ta, ua), memoized_release(xa2, ta, ua)
+        zb1, zb2 = memoized_release(xb1, tb, ub), memoized_release(xb2, tb, ub)
+        rows = np.arange(xa1.size)
+        r1, r2 = rows[xa1 >= 0], rows[xa2 >= 0]
+        pos2 = np.full(xa1.size, -1)
+        pos2[r2] = np.arange(r2.size)
+        in_both = np.flatnonzero(pos2[r1] >= 0)
+        s = change_in_table((ta, tb), (ta, tb), (za1[r1], zb1[r1]), (za2[r2], zb2[r2]), in_both,
+                            pos2[r1[in_both]], memoized=(True, True))
+        truth_1 = np.bincount(xa1[r1] * TABLE_KB + xb1[r1], minlength=cells) / r1.size
+        truth_2 = np.bincount(xa2[r2] * TABLE_KB + xb2[r2], minlength=cells) / r2.size
+        errors.append(s.change - (truth_2 - truth_1))
+        ses.append(np.sqrt(np.maximum(np.diag(s.cov), 0.0)))
+        ses_ind.append(np.sqrt(np.diag(s.cov_independent)))
+    return np.array(errors), np.array(ses), np.array(ses_ind)
+
+
+@pytest.mark.slow
+def test_table_change_is_unbiased(table_runs):
+    errors, _, _ = table_runs
+    mc_se = errors.std(axis=0, ddof=1) / np.sqrt(TABLE_REPLICATIONS)
+    assert np.all(np.abs(errors.mean(axis=0)) < 3 * mc_se), errors.mean(axis=0) / mc_se
+
+
+@pytest.mark.slow
+def test_table_change_intervals_cover_and_are_narrower_than_independent_ones(table_runs):
+    """Coverage per cell over 2000 replications: binomial sd √(0.95·0.05/2000) = 0.0049, so 93–97 % is ±4 sd
+    around 95 % (for 12 cells, a chance below 0.1 % that a correct interval leaves the band)."""
+    errors, ses, ses_ind = table_runs
+    covered = (np.abs(errors) <= Z95 * ses).mean(axis=0)
+    assert np.all((covered >= 0.93) & (covered <= 0.97)), covered
+    assert np.all(ses.mean(axis=0) < 0.5 * ses_ind.mean(axis=0)), ses.mean(axis=0) / ses_ind.mean(axis=0)
+    assert np.allclose((ses ** 2).mean(axis=0), errors.var(axis=0), rtol=0.1)
+
+
+U_CATS, U_KEEP = ["p", "q"], [0.8, 0.7]
+
+
+def write_table_release(folder, ids, v, u, y, u_keep=U_KEEP, with_panel=True):
+    """A release with two categorical columns v (CATS, KEEP) and u (U_CATS, u_keep) and a noised y; -1: missing."""
+    write_channels(folder, [keep_uniform_entry("v", CATS, KEEP), keep_uniform_entry("u", U_CATS, u_keep),
+                            noise_entry("y", THETA, ETA)])
+    columns = {name: pa.DictionaryArray.from_arrays(pa.array(np.maximum(c, 0).astype(np.int32), mask=c < 0),
+                                                    pa.array(cats))
+               for name, c, cats in (("v", v, CATS), ("u", u, U_CATS))}
+    columns["y"] = pa.array(y)
+    if with_panel:
+        columns = {"panel_id": pa.array(np.asarray(ids, dtype=np.int64)), **columns}
+    pq.write_table(pa.table(columns), folder / "data.parquet")
+    return open_release(folder, verify=False)
+
+
+@pytest.fixture
+def two_tables(tmp_path):
+    """ids 0..39 in release 1, 4..39 and 100..105 shuffled in release 2; most records keep their released v and u;
+    id 20 has no u in release 1, id 10 no v in release 2."""
+    rng = np.random.default_rng(5)
+    ids1 = np.arange(40)
+    ids2 = rng.permutation(np.concatenate([np.arange(4, 40), np.arange(100, 106)]))
+    v1, u1 = rng.integers(0, 3, ids1.size), rng.integers(0, 2, ids1.size)
+    v2, u2 = rng.integers(0, 3, ids2.size), rng.integers(0, 2, ids2.size)
+    stay = np.isin(ids2, np.arange(4, 32))
+    v2[stay], u2[stay] = v1[ids2[stay]], u1[ids2[stay]]
+    u1[ids1 == 20], v2[ids2 == 10] = -1, -1
+    y1, y2 = rng.normal(50, 5, ids1.size), rng.normal(50, 5, ids2.size)
+    r1 = write_table_release(tmp_path / "r1", ids1, v1, u1, y1)
+    r2 = write_table_release(tmp_path / "r2", ids2, v2, u2, y2)
+    return r1, r2, (ids1, v1, u1, y1), (ids2, v2, u2, y2), tmp_path
+
+
+def test_table_change_between_two_release_folders(two_tables):
+    r1, r2, (ids1, v1, u1, _), (ids2, v2, u2, _), _ = two_tables
+    est = change_between(r1, r2, ["v", "u"])
+    tv, tu = keep_uniform_matrix(KEEP), keep_uniform_matrix(U_KEEP)
+    a = np.kron(left_inverse(tv), left_inverse(tu))
+    ok1, ok2 = (v1 >= 0) & (u1 >= 0), (v2 >= 0) & (u2 >= 0)
+    f1 = np.bincount(v1[ok1] * 2 + u1[ok1], minlength=6) / ok1.sum()
+    f2 = np.bincount(v2[ok2] * 2 + u2[ok2], minlength=6) / ok2.sum()
+    assert list(est.frame.columns) == ["v", "u", "share_1", "share_2", "change", "se", "lower", "upper",
+                                       "se_independent"]
+    assert list(zip(est.frame["v"], est.frame["u"])) == list(itertools.product(CATS, U_CATS))
+    assert np.allclose(est.frame["share_1"], a @ f1) and np.allclose(est.frame["share_2"], a @ f2)
+    assert np.allclose(est.frame["change"], a @ (f2 - f1))
+    # ids 4..39 in both but id 20 (no u in release 1) and id 10 (no v in release 2): 34 pairs; 6 + 1 new, 4 + 1 left
+    assert (est.paired, est.new, est.departed, est.n_1, est.n_2) == (34, 7, 5, 39, 41)
+    n1, n2 = 39, 41
+    independent = sum((a @ np.diag(f) @ a.T - np.diag(a @ f)) / n for f, n in ((f1, n1), (f2, n2)))
+    assert np.allclose(est.frame["se_independent"], np.sqrt(np.maximum(np.diag(independent), 0)))
+    pos = {i: j for j, i in enumerate(ids2)}
+    i1 = np.arange(4, 40)
+    i2 = np.array([pos[i] for i in i1])
+    s = change_in_table((tv, tu), (tv, tu), (v1, u1), (v2, u2), i1, i2, memoized=(True, True))
+    assert np.allclose(est.cov, s.cov) and np.allclose(est.frame["se"], np.sqrt(np.maximum(np.diag(s.cov), 0)))
+    assert np.all(est.frame["se"] < est.frame["se_independent"])       # 28 of 34 pairs released identically
+    assert np.allclose(est.frame["upper"] - est.frame["change"], Z95 * est.frame["se"])
+    same = r1.change(r2, ["v", "u"])
+    assert np.allclose(same.frame[["change", "se"]].to_numpy(), est.frame[["change", "se"]].to_numpy())
+    assert "change of v × u" in str(est) and est.note == ""
+
+
+def test_table_change_with_one_channel_redrawn_or_without_panel_id(two_tables):
+    r1, _, _, (ids2, v2, u2, y2), tmp = two_tables
+    other = write_table_release(tmp / "other", ids2, v2, u2, y2, u_keep=[0.6, 0.9])
+    est = change_between(r1, other, ["v", "u"])
+    assert "channel of u differs" in est.note and "channel of v" not in est.note
+    plain = write_table_release(tmp / "plain", ids2, v2, u2, y2, with_panel=False)
+    est = change_between(r1, plain, ["v", "u"])
+    assert "no panel_id" in est.note and est.paired == 0
+    assert np.allclose(est.frame["se"], est.frame["se_independent"])
+
+
+def test_table_change_falls_back_to_the_independent_se_when_a_pair_system_is_not_solved(two_tables, monkeypatch):
+    import pram_lib.analysis.change as change
+
+    r1, r2, *_ = two_tables
+    monkeypatch.setattr(change, "MAX_PAIR_SYSTEM", 5)      # u: k·m = 4 is solved, v: 9 is not
+    est = change_between(r1, r2, ["v", "u"])
+    assert "channel of v " in est.note and "conservative" in est.note and " u " not in est.note
+    assert np.allclose(est.frame["se"], est.frame["se_independent"])
+
+
+def test_bad_table_change_requests(two_tables):
+    r1, r2, *_ = two_tables
+    with pytest.raises(ReleaseError, match="two different categorical"):
+        change_between(r1, r2, ["v", "u", "y"])
+    with pytest.raises(ReleaseError, match="two different categorical"):
+        r1.change(r2, ["v", "v"])
+    with pytest.raises(ReleaseError, match="'y' .* additive noise: the change of a two-way table takes two"):
+        change_between(r1, r2, ["v", "y"])
+    with pytest.raises(ReleaseError, match="'panel_id' .* unperturbed"):
+        change_between(r1, r2, ["panel_id", "u"])
+    with pytest.raises(ReleaseError, match="no column 'w'"):
+        change_between(r1, r2, ["v", "w"])
