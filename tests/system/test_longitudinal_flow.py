@@ -72,6 +72,8 @@ def test_the_change_estimate_pairs_the_months_and_is_narrower(two_months):
     truth = (share[1] - share[0]).to_numpy()
     inside = (est.frame["lower"].to_numpy() <= truth) & (truth <= est.frame["upper"].to_numpy())
     assert inside.sum() >= len(cats) - 3          # 95 % intervals: 14 categories, 3 misses would be rare
+    table = a.change(b, ["education", "occupation"])   # a two-way table: 16 x 14 cells
+    assert len(table.frame) == 16 * 14 and (table.frame["se"] < table.frame["se_independent"]).mean() > 0.95
 
 
 def test_the_population_secret_stays_in_the_private_store(two_months):
