@@ -132,7 +132,7 @@ class PanelStore:
     def locked(self) -> Iterator[None]:
         """One release of the population at a time, across processes."""
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.folder / LOCK_FILE, "a") as f:
+        with os.fdopen(os.open(self.folder / LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -164,7 +164,7 @@ class PanelStore:
         for j, n in enumerate(names):
             arrays[f"last_{j}"], arrays[f"history_{j}"] = state.last[n], state.history[n]
         tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:   # owner only
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())

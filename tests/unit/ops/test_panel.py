@@ -161,6 +161,7 @@ def test_the_private_store_holds_no_raw_key_or_value(tmp_path):
     release_once(tmp_path, df, spec_path, seed=1)
     release_once(tmp_path, next_month(df, np.random.default_rng(2)), spec_path, seed=2)
     folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
+    assert all(p.stat().st_mode & 0o077 == 0 for p in folder.iterdir())   # owner only, as the rest of the store
     blob = b"".join(p.read_bytes() for p in folder.iterdir())
     keys = df["person_id"].to_numpy(dtype=np.int64)
     for k in keys[:200]:
