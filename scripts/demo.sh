@@ -12,7 +12,5 @@ export PREFECT_HOME="$PWD/.prefect-home"
 export PRAM_RELEASE_HOME="$PWD/.pram-release-home"
 $BIN/pram-release ui --port "$PORT"
 $BIN/pram-release run specs/adult.yaml
-# month 1 of the synthetic Adult panel, the source of the monthly longitudinal deployment (specs/adult_monthly.yaml)
-[ -f data/panel/adult_panel.csv.gz ] || $BIN/python -m pram_lib.data 1
 echo "Prefect UI: http://127.0.0.1:${PORT}  (flow runs, report/table/link artifacts)"
 echo "stop the server with: $BIN/pram-release ui --stop"
