@@ -51,7 +51,10 @@ STEPS = [
     # many chunks (engine stream): a part written, then the kill; a kill between chunks of the first pass
     ("profile-pass", "pram_lib.pipeline.stream:profile_chunk", "before", ("kill",), "stream"),
     ("perturb-pass", "pram_lib.pipeline.stream:perturb_chunk", "after", ("kill", "raise"), "stream"),
+    # a longitudinal release writes its per-person ledger before publishing: killed just before that write
+    ("settle-panel", "pram_lib.ops.panel:settle", "before", ("kill",), None, "longitudinal"),
 ]  # memory is one chunk of the same engine: the steps are the same in every engine mode
+LONGITUDINAL = {"longitudinal": {"key": synth.SECRET_COLUMN}}   # the source-only identifier column
 # Tasks mapped over chunks on Dask workers: a fault there is a worker's, not the run's (Dask reruns a chunk
 # whose worker died); a failing chunk is tested in test_scale_flow (a bad value in one chunk).
 WORKER_TASKS = {"profile-chunks", "perturb-chunks"}
@@ -71,21 +74,23 @@ DISK_FULL = [  # (name, case fields)
 def _cases(base: Path) -> list[dict]:
     cases = []
 
-    def add(name: str, engine: dict | None = None, **fields) -> None:
+    def add(name: str, engine: dict | None = None, longitudinal: bool = False, **fields) -> None:
         folder = base / f"case{len(cases):02d}"
         spec = synth.write_spec(folder, population={"key": "synth-faults", "cap": 1000.0},
-                                **({"engine": engine} if engine else {}))
+                                **({"engine": engine} if engine else {}), **(LONGITUDINAL if longitudinal else {}))
         cases.append({"name": name, "folder": str(folder), "spec": str(spec), "source": str(folder / "src.csv"),
                       **fields})
 
     for kind in ("raise", "kill"):
-        for step, target, when, kinds, *engine in STEPS:
+        for step, target, when, kinds, *more in STEPS:
+            engine, variant = (more + [None, None])[:2]
             if kind in kinds:
                 extra = {"fault_seed": None} if step == "draw-seed" else {}  # reach secrets.randbits
                 if engine:
-                    extra["engine"] = {"mode": engine[0], "chunk_rows": 1000}
-                add(f"{kind} {target} ({when}){' ' + engine[0] if engine else ''}", kind=kind, target=target,
-                    when=when, step=step, **extra)
+                    extra["engine"] = {"mode": engine, "chunk_rows": 1000}
+                label = " ".join(x for x in (engine, variant) if x)
+                add(f"{kind} {target} ({when}){' ' + label if label else ''}", kind=kind, target=target,
+                    when=when, step=step, longitudinal=variant == "longitudinal", **extra)
     for name, fields in DISK_FULL:
         add(f"disk full: {name}", **{"step": "publish", **fields})
     add("source changes while read", kind="source-change", target="pandas:read_csv", step="source-unchanged")
