@@ -242,8 +242,8 @@ class Memo:
         newcomers = fresh_tags[rank]
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
-            raise PanelError(f"the key column {self.key!r} names {twice} record(s) more than once: a longitudinal "
-                             "release has one row per person")
+            raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
+                             "it is a statistic of the source): a longitudinal release has one row per person")
         # the ledger stays sorted by tag: merge the newcomers in (two sorted runs; the stable sort merges them)
         merged = np.concatenate([old.records, newcomers])
         order = np.argsort(merged, kind="stable")
