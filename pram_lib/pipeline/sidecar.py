@@ -17,6 +17,7 @@ Without helpers (tests, notebooks, PRAM_NO_SIDECAR=1), `submit` runs the functio
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import os
@@ -146,8 +147,23 @@ def prepare_worker(parent: int, modules: tuple[str, ...]) -> None:
 
     die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the release's process shuts the pool down on Ctrl-C
+    atexit.register(exit_at_once)
     for name in modules:
         importlib.import_module(name)
+
+
+def exit_at_once() -> None:
+    """A helper's last exit handler: flush its output and leave without tearing down its interpreter. The pool
+    shuts a worker down only when no job of it is left, and the release waits for that exit: tearing down
+    GX, pandas and matplotlib took 1.5-1.7 s here (an idle worker's shutdown: 1.7 s; 0.05 s with this).
+    Registered last, it runs first among the atexit handlers, after multiprocessing's own exit function (its
+    process bootstrap calls that before returning); a worker's jobs have closed their files."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def die_with(parent: int) -> None:

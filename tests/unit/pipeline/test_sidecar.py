@@ -152,3 +152,35 @@ def test_helpers_started_ahead_are_taken_over_by_the_release():
         assert release.pool is None
     with sidecar.Helpers(enabled=False) as off:   # outside the block: nothing left to take over
         assert off.pool is None
+
+
+class _WritesWhenCollected:
+    """Writes its file when the interpreter tears down its module globals (not when the process ends abruptly)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __del__(self, _open=open):   # builtins may be gone by then: bound at definition
+        with _open(self.path, "w") as f:
+            f.write("torn down")
+
+
+def _keep_until_teardown(path: str) -> int:
+    sys.modules[__name__]._KEPT = _WritesWhenCollected(path)   # a module global: freed only at teardown
+    return os.getpid()
+
+
+def test_a_helper_leaves_without_tearing_down_its_interpreter(tmp_path):
+    """The release waits for its helper's exit; tearing GX, pandas and matplotlib down cost 1.5 s there, so the
+    worker's last exit handler leaves at once (sidecar.exit_at_once) and nothing of the teardown runs."""
+    marker = tmp_path / "teardown"
+    with sidecar.Helpers() as helpers:
+        worker = helpers.submit(_keep_until_teardown, str(marker)).result()
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)   # the block waited for the worker's exit
+    assert not marker.exists()
+    # the same object in an interpreter that ends normally is torn down (so the check above can fail)
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_sidecar as t; "
+            f"t._keep_until_teardown({str(tmp_path / 'normal')!r})")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(tmp_path), timeout=120)
+    assert (tmp_path / "normal").read_text() == "torn down"
