@@ -18,7 +18,7 @@ from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec
 from tasks.results import (estimate_task, internal_report_task, publish_task, settle_panel_task, stage_task,
                            validate_task)
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
-from tasks.run_log import load_spec_task, reserve_budget_task, start_run_task
+from tasks.run_log import load_spec_task, published_before_task, reserve_budget_task, start_run_task
 
 Engine = Literal["memory", "stream", "dask"]
 
@@ -53,6 +53,8 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
     with ReleaseRun(spec_path) as run:   # whatever fails: staging removed, audited, reservation cancelled
         spec = run.loaded(load_spec_task(spec_path))
         start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
+        if (earlier := published_before_task(spec)) is not None:   # a retry of a run that published
+            return run.not_again(earlier)
         reserve_budget_task(spec, run.run_id)         # population ε ledger: refused here, before any data is read
         run.reserved = True
         run.engine = engine or spec.engine.mode

@@ -23,7 +23,7 @@ from pram_lib.pipeline import publish, release
 from tasks.artifacts import post, wait_posted
 from tasks.privacy import StepFailed, current_fixed_seed
 from tasks.run_log import audit_task, finish_run_task, settle_budget_task
-from tasks.steps import hand_over_journal, release_key
+from tasks.steps import flow_run_id, hand_over_journal, release_key
 
 
 def _git_commit() -> str | None:
@@ -43,7 +43,7 @@ class ReleaseRun:
     def __init__(self, spec_path: str):
         self.spec_path, self.seed = spec_path, current_fixed_seed()
         self.run_id, self.started_at = uuid.uuid4().hex, utc_now()
-        self.record = {"run_id": self.run_id, "spec_path": str(Path(spec_path).resolve()),
+        self.record = {"run_id": self.run_id, "flow_run_id": flow_run_id(), "spec_path": str(Path(spec_path).resolve()),
                        "started": self.started_at, "package_version": __version__, "git_commit": GIT_COMMIT}
         self.spec = self.stage = self.folder = self.assignments = None
         self.vouched = False   # a release-published entry vouches for the folder: no second entry may
@@ -116,6 +116,16 @@ class ReleaseRun:
         self._summary("released")
         return str(folder)
 
+    def not_again(self, folder: Path) -> str:
+        """A retry of a run that already published: nothing read, reserved, spent or published again; the run
+        ends Completed with the folder its earlier attempt published."""
+        self.folder, self.vouched = folder, True
+        finish_run_task()
+        get_run_logger().warning("this flow run already published %s in an earlier attempt; the retry publishes "
+                                 "nothing and spends nothing", folder)
+        self._summary("already published")
+        return str(folder)
+
     def fail(self, exc: BaseException) -> BaseException:
         """Clean up after a failed step; returns the error to raise (public text, the whole error beside it)."""
         err = StepFailed.wrap(exc)
@@ -186,7 +196,9 @@ class ReleaseRun:
     def _summary_markdown(self, outcome: str, err: StepFailed | None, audited: bool) -> str:
         spec = self.spec
         title = {"released": "Released", "refused": "Refused: nothing published",
-                 "failed": "Failed: nothing published"}.get(outcome, "Published, then a later step failed")
+                 "failed": "Failed: nothing published",
+                 "already published": "Already published by an earlier attempt of this run: nothing published "
+                                      "or spent again"}.get(outcome, "Published, then a later step failed")
         lines = [f"# {title}", "", "| what | value |", "|---|---|",
                  f"| release | {spec.release if spec else Path(self.spec_path).name} |",
                  f"| engine | {self.engine or '-'} |"]

@@ -70,6 +70,17 @@ def _mark_crashed(run: dict, folder: str | None) -> None:
         get_run_logger().warning("could not mark the interrupted run %s crashed: %s", fr_id, type(exc).__name__)
 
 
+@step("published-before", inline=True)
+def published_before_task(spec: ReleaseSpec) -> Path | None:
+    """The folder an earlier attempt of this flow run published, from the private store's audit log (Prefect's
+    Retry on a completed run, or a rerun of a run killed after its folder appeared), or None."""
+    this_run = flow_run_id()
+    for entry in reversed(audit.AuditLog(spec.resolve(spec.private_store) / "audit.jsonl").entries()):
+        if entry.get("flow_run_id") == this_run and entry.get("folder"):
+            return spec.resolve(spec.output) / entry["folder"]
+    return None
+
+
 @step("reserve-budget")
 def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
     """The population's ε ledger: reserve this release's bound, or refuse it (before any data is read)."""

@@ -176,7 +176,8 @@ def _recover_one(store: Path, data: dict, settle, ended: set, vouched: set) -> d
     else:
         error = (f"the run's process (pid {data.get('pid')}) ended without finishing, during step "
                  f"{data.get('step')!r} (killed?)")
-    fields = {"run_id": data.get("run_id"), "release": data.get("release"), "spec_path": data.get("spec_path"),
+    fields = {"run_id": data.get("run_id"), "flow_run_id": data.get("flow_run_id"), "release": data.get("release"),
+              "spec_path": data.get("spec_path"),
               "started": data.get("started"), "failed_step": data.get("step"), "error": error,
               "staging_removed": removed, "recovered": utc_now()}
     if published is not None:  # the rename happened: the release is public and whole; audit it now

@@ -76,3 +76,29 @@ def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
     from pram_lib.ops.ledger import Ledger  # the scheduled release recorded its ε against its population
     (spend,) = Ledger(repo / "private" / "ledger.sqlite").history("adult-1994")
     assert spend.status == "spent" and spend.folder == folders[0].name
+
+    # The UI's Retry on the completed run (what its button sends: a Scheduled state named AwaitingRetry, not
+    # forced) reruns the flow run: it must publish nothing and spend nothing again (issue 29, item 6).
+    from prefect.states import AwaitingRetry
+
+    with get_client(sync_client=True) as client:
+        answer = client.set_flow_run_state(run.id, AwaitingRetry(message="Retry from the UI",
+                                                                 scheduled_time=datetime.now(timezone.utc)))
+        assert answer.status.value == "ACCEPT", answer
+    sh(PREFECT + ["worker", "start", "--pool", "pram-local", "--run-once"], env, tmp_path / "..", timeout=400)
+    with get_client(sync_client=True) as client:
+        retried = client.read_flow_run(run.id)
+        summary = client.read_artifacts()
+    assert retried.state.is_completed() and retried.run_count == 2, retried.state
+    assert list((repo / "releases").glob("adult-public-prior-*")) == folders          # no second folder
+    assert Ledger(repo / "private" / "ledger.sqlite").history("adult-1994") == [spend]   # nothing spent again
+    published = [e for e in _audit_entries(repo) if e["event"] == "release-published"]
+    assert [e["flow_run_id"] for e in published] == [str(run.id)]
+    retry_notes = [a for a in summary if a.flow_run_id == run.id and "Already published" in str(a.data)]
+    assert retry_notes and folders[0].name in str(retry_notes[-1].data)
+
+
+def _audit_entries(repo: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (repo / "private" / "audit.jsonl").read_text().splitlines()]

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 STEPS = [
     ("load-spec", "tasks.run_log:load_spec", "before", ("kill", "raise")),
     ("start-run", "pram_lib.ops.journal:recover", "before", ("kill",)),
+    ("published-before", "pram_lib.ops.audit:AuditLog.entries", "before", ("kill",)),
     ("reserve-budget", "pram_lib.ops.ledger:reserve_for", "before", ("kill", "raise")),
     ("draw-seed", "secrets:randbits", "before", ("kill",)),
     ("stage-release", "pram_lib.pipeline.publish:begin_release", "after", ("kill", "raise")),   # staging folder exists

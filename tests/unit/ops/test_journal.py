@@ -54,9 +54,10 @@ def test_a_run_killed_after_publishing_is_audited_with_its_folder(tmp_path):
     final.mkdir(parents=True)
     (final / "manifest.json").write_text("{}")
     Ledger(store / "ledger.sqlite").reserve("pop", 10.0, "r1", "rel", 2.5)
-    _journal(store, "r1", out, _dead_pid(), step="internal-report", stage_final=str(final))
+    _journal(store, "r1", out, _dead_pid(), step="internal-report", stage_final=str(final), flow_run_id="fr-1")
     (e,) = recover(store, settle=lambda run, folder: settle_recovered(store, run, folder))
     assert e["folder"] == final.name and len(e["manifest_sha256"]) == 64
+    assert e["flow_run_id"] == "fr-1"   # a retry of that flow run finds its folder (tasks/run_log.published_before_task)
     (h,) = Ledger(store / "ledger.sqlite").history("pop")
     assert (h.status, h.epsilon, h.folder) == ("spent", 2.5, final.name)  # what it reserved: an upper bound
 
