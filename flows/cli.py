@@ -1,9 +1,10 @@
-"""`pram-release`: run | check | plan | ui | verify | analyze."""
+"""`pram-release`: run | check | diff | plan | ui | verify | analyze."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import subprocess
@@ -105,6 +106,68 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"this release reserves {need:.4g} ({'fits' if ledger.fits(pop.key, pop.cap, need) else 'REFUSED: over the cap'})")
     print("nothing written.")
     return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """What a release of SPEC would change against the last published release of the same name; exit 0 no
+    change, 1 changes, 2 error (as `kubectl diff`). Reads the source as `check` does; writes and spends nothing."""
+    from pram_lib.core.jsonable import to_json
+    from pram_lib.families import family_of
+    from pram_lib.pipeline import diff, release, stream
+    from pram_lib.pipeline.plan import resolve_targets, true_share_halfwidths
+    from pram_lib.pipeline.publish import channels_document
+    from pram_lib.spec import SpecError, ledger_bound, load_spec
+
+    try:
+        spec = resolve_targets(load_spec(args.spec))
+        last = diff.last_release(spec)
+        seed = secrets.randbits(128)
+        run = spec.on_engine(spec.engine.mode)
+        stream.check_source(run)
+        profile = stream.finish_profile(run, stream.profile_pass(run, seed))
+        assignments = release.choose_channels(spec, profile, seed)
+        after = to_json(channels_document(spec, assignments))["channels"]
+        channels = diff.compare(last.channels if last else [], after)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if last is None:
+        print(f"no published release of '{spec.release}' in the private store's audit log: everything is new")
+    else:
+        print(f"against {last.folder} (published {last.finished})")
+    for c in channels:
+        if c.kind != "=" or args.all:
+            print(f"{c.kind} {c.name}")
+            for line in c.lines:
+                print(f"    {line}")
+    before = diff.published_halfwidths(last.estimates if last else None)
+    rows = []
+    for v in spec.variables:
+        mine = [a for a in assignments if a.column == v.key]
+        if mine and not family_of(v).not_planned(v, brief=True):
+            for name, hw in true_share_halfwidths(spec, v, mine, profile).items():
+                rows.append((name, before.get(name, math.nan), hw))
+    if rows:
+        print(f"largest interval half-width of the shares: published before -> predicted at the source's shares")
+        for name, b, a in rows:
+            print(f"  {name:<18} {'-' if math.isnan(b) else f'{b:.5f}':>9} -> {a:.5f}")
+    if spec.population is not None and spec.longitudinal is None:
+        from pram_lib.ops.ledger import ledger_for
+
+        try:
+            pop, ledger = spec.population, ledger_for(spec)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        used, need, cap = ledger.spent(pop.key), ledger_bound(spec), ledger.cap(pop.key) or pop.cap
+        print(f"ledger {pop.key}: ε {used:.4g} of cap {cap:g} -> {used + need:.4g} after this release"
+              f"{'' if used + need <= cap else ' (REFUSED: over the cap)'}")
+    changed = any(c.kind != "=" for c in channels)
+    print("changes." if changed else "no change.", "nothing written, nothing spent.")
+    return 1 if changed else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -464,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("diff", help="what a release of SPEC would change against the last published release of "
+                       "the same name (channels, ε, matrices, categories, half-widths, ledger); exit 0 no change, "
+                       "1 changes, 2 error; writes and spends nothing")
+    p.add_argument("spec")
+    p.add_argument("--all", action="store_true", help="list unchanged channels too")
+    p.set_defaults(func=cmd_diff)
     p = sub.add_parser("plan", help="predict the standard errors and interval half-widths of SPEC's estimates at "
                        "its ε and on a grid of ε (table, plan.csv, a curve per variable); spends no ε, publishes "
                        "nothing")
