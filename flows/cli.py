@@ -1,4 +1,4 @@
-"""`pram-release`: run | check | plan | ui | verify | analyze."""
+"""`pram-release`: run | check | plan | schema | ui | verify | analyze."""
 
 from __future__ import annotations
 
@@ -127,6 +127,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     curves = sum(f.suffix == ".png" for f in files)
     print(f"\nwritten: {out} (plan.txt, plan.csv, {curves} curve{'s' if curves != 1 else ''}); nothing published, "
           "no ε spent, no ledger or audit entry.")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print the privacy spec's JSON Schema: the committed file, or (--from-models) what the spec models give."""
+    from pram_lib.pipeline.spec_schema import committed_schema_text, generated_schema_text
+
+    sys.stdout.write(generated_schema_text() if args.from_models else committed_schema_text())
     return 0
 
 
@@ -475,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-source", action="store_true", help="do not open the source even for the domain of a "
                    "column the spec does not declare (such variables are then not planned)")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("schema", help="print the privacy spec's JSON Schema (pram_lib/schemas/spec.schema.json), "
+                       "for editors: a spec's first line `# yaml-language-server: $schema=<path of it>`")
+    p.add_argument("--from-models", action="store_true", help="generate it from the spec models (to regenerate "
+                   "the committed file after changing a model)")
+    p.set_defaults(func=cmd_schema)
     p = sub.add_parser("ui", help="start a local Prefect server + UI on 127.0.0.1 (database under .prefect-home)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--home", default=".prefect-home")
