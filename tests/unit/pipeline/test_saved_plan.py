@@ -110,3 +110,11 @@ def test_a_file_that_is_not_a_saved_plan_is_refused(tmp_path, text):
     with pytest.raises(SpecError) as info:
         saved_plan.check(tmp_path / "p.json", spec)
     assert "saved plan" in str(info.value) and "Fix: " in str(info.value)
+
+
+def test_run_with_a_missing_plan_file_is_refused_before_prefect(tmp_path, capsys):
+    spec = write(tmp_path)
+    assert main(["run", str(spec), "--plan", str(tmp_path / "nowhere.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no such saved plan" in err and "--save" in err and "Traceback" not in err
+    assert not (tmp_path / "private").exists() and not (tmp_path / "releases").exists()
