@@ -1,4 +1,4 @@
-"""`pram-release`: run | check | diff | plan | ui | verify | analyze."""
+"""`pram-release`: run | check | diff | plan | schema | ui | verify | analyze."""
 
 from __future__ import annotations
 
@@ -35,24 +35,34 @@ def _api_url(port: int) -> str:
     return f"http://127.0.0.1:{port}/api"
 
 
+def choose_as_the_release(spec_path: str):
+    """(spec with its targets resolved, the spec on its engine, the source's SHA-256, profile, assignments, seed):
+    the profile pass and the channel choice as the release would do them; nothing written, nothing spent."""
+    from pram_lib.ops.audit import sha256_file
+    from pram_lib.pipeline import release, stream
+    from pram_lib.pipeline.plan import resolve_targets
+    from pram_lib.spec import load_spec
+
+    spec = resolve_targets(load_spec(spec_path))   # a `target:` becomes its ε, as the release resolves it
+    seed = secrets.randbits(128)
+    run = spec.on_engine(spec.engine.mode)   # the profile pass, as the release would do it
+    if run.engine.address:
+        stream.check_dask_address(run)
+    stream.check_source(run)
+    digest = sha256_file(run.resolve(run.source.path))
+    profile = stream.finish_profile(run, stream.profile_pass(run, seed))
+    return spec, run, digest, profile, release.choose_channels(spec, profile, seed), seed
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from pram_lib.core.guarantee import NotDP
     from pram_lib.families import family_of
-    from pram_lib.ops.audit import sha256_file
     from pram_lib.pipeline import release, stream
-    from pram_lib.pipeline.plan import accuracy_lines, resolve_targets, target_line
-    from pram_lib.spec import SpecError, load_spec
+    from pram_lib.pipeline.plan import accuracy_lines, target_line
+    from pram_lib.spec import SpecError
 
     try:
-        spec = resolve_targets(load_spec(args.spec))   # a `target:` becomes its ε, as the release resolves it
-        seed = secrets.randbits(128)
-        run = spec.on_engine(spec.engine.mode)   # the profile pass, as the release would do it
-        if run.engine.address:
-            stream.check_dask_address(run)
-        stream.check_source(run)
-        digest = sha256_file(run.resolve(run.source.path))
-        profile = stream.finish_profile(run, stream.profile_pass(run, seed))
-        assignments = release.choose_channels(spec, profile, seed)
+        spec, run, digest, profile, assignments, seed = choose_as_the_release(args.spec)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -113,19 +123,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
     change, 1 changes, 2 error (as `kubectl diff`). Reads the source as `check` does; writes and spends nothing."""
     from pram_lib.core.jsonable import to_json
     from pram_lib.families import family_of
-    from pram_lib.pipeline import diff, release, stream
-    from pram_lib.pipeline.plan import resolve_targets, true_share_halfwidths
+    from pram_lib.pipeline import diff
+    from pram_lib.pipeline.plan import true_share_halfwidths
     from pram_lib.pipeline.publish import channels_document
-    from pram_lib.spec import SpecError, ledger_bound, load_spec
+    from pram_lib.spec import SpecError, ledger_bound
 
     try:
-        spec = resolve_targets(load_spec(args.spec))
+        spec, _, _, profile, assignments, _ = choose_as_the_release(args.spec)
         last = diff.last_release(spec)
-        seed = secrets.randbits(128)
-        run = spec.on_engine(spec.engine.mode)
-        stream.check_source(run)
-        profile = stream.finish_profile(run, stream.profile_pass(run, seed))
-        assignments = release.choose_channels(spec, profile, seed)
         after = to_json(channels_document(spec, assignments))["channels"]
         channels = diff.compare(last.channels if last else [], after)
     except SpecError as exc:
@@ -172,14 +177,25 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Predicted standard errors and interval half-widths of SPEC's estimates, before any ε is spent."""
+    from pram_lib.pipeline import saved_plan
     from pram_lib.pipeline.plan import check_out, default_out, plan_release, render, write_plan
     from pram_lib.spec import SpecError, load_spec
 
+    if args.save and args.no_source:
+        print("error: --save records the source's SHA-256 and the channels chosen from it: it needs the source. "
+              "Fix: drop --no-source", file=sys.stderr)
+        return 2
     try:
         spec = load_spec(args.spec)
         out = check_out(spec, Path(args.out) if args.out else default_out(spec))
+        reviewed = None
+        if args.save:   # the channels and ε `check` prints, chosen as the release chooses them
+            chosen, _, digest, _, assignments, _ = choose_as_the_release(args.spec)
+            reviewed = saved_plan.reviewed(chosen, assignments, digest)
         plan = plan_release(spec, rows=args.rows, read_source=not args.no_source)
         files = write_plan(plan, spec, out)
+        if reviewed is not None:
+            saved_plan.write(Path(args.save), reviewed)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -190,6 +206,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     curves = sum(f.suffix == ".png" for f in files)
     print(f"\nwritten: {out} (plan.txt, plan.csv, {curves} curve{'s' if curves != 1 else ''}); nothing published, "
           "no ε spent, no ledger or audit entry.")
+    if args.save:
+        print(f"saved plan: {args.save} (spec and source SHA-256, channels and ε); `pram-release run {args.spec} "
+              f"--plan {args.save}` publishes exactly this or refuses")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print the privacy spec's JSON Schema: the committed file, or (--from-models) what the spec models give."""
+    from pram_lib.pipeline.spec_schema import committed_schema_text, generated_schema_text
+
+    sys.stdout.write(generated_schema_text() if args.from_models else committed_schema_text())
     return 0
 
 
@@ -221,6 +248,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not spec.is_file():  # before Prefect starts: nothing is created for a spec that is not there
         print(f"error: {spec}: no such spec file. Fix: check the path", file=sys.stderr)
         return 2
+    if args.plan is not None and not Path(args.plan).is_file():
+        print(f"error: {args.plan}: no such saved plan. Fix: save one with `pram-release plan {args.spec} --save "
+              f"{args.plan}`", file=sys.stderr)
+        return 2
     api = os.environ.get("PREFECT_API_URL")
     if api and not _answers(api):
         print(f"error: no Prefect server answers at PREFECT_API_URL={api}. Fix: start one with `pram-release ui` "
@@ -241,7 +272,8 @@ def _run(spec: Path, args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        folder = run_release(str(spec.resolve()), seed=args.seed, engine=args.engine)
+        folder = run_release(str(spec.resolve()), seed=args.seed, engine=args.engine,
+                             **({"plan": str(Path(args.plan).resolve())} if args.plan else {}))
     except KeyboardInterrupt:   # Ctrl-C: the flow cleaned up before it let the interrupt through
         print("interrupted: the run stopped and was cleaned up (staging folder removed, ε reservation settled or "
               "cancelled, audit entry written; see the run's summary in the Prefect UI)", file=sys.stderr)
@@ -523,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="override the spec's engine.mode: the source as one chunk in memory, chunks on one core, "
                    "or chunks on Dask")
     p.add_argument("--timings", action="store_true", help="print where the run's time went, step by step")
+    p.add_argument("--plan", default=None, metavar="PLAN_JSON", help="publish exactly what `plan --save` saved, "
+                   "or refuse before any ε is reserved, naming what differs (spec, source, a channel or ε)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")
@@ -543,7 +577,14 @@ def main(argv: list[str] | None = None) -> int:
                    "the spec's `rows:`)")
     p.add_argument("--no-source", action="store_true", help="do not open the source even for the domain of a "
                    "column the spec does not declare (such variables are then not planned)")
+    p.add_argument("--save", default=None, metavar="PLAN_JSON", help="also save what was reviewed (the spec's and "
+                   "the source's SHA-256, the channels and ε; public values only) for `run --plan`")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("schema", help="print the privacy spec's JSON Schema (pram_lib/schemas/spec.schema.json), "
+                       "for editors: a spec's first line `# yaml-language-server: $schema=<path of it>`")
+    p.add_argument("--from-models", action="store_true", help="generate it from the spec models (to regenerate "
+                   "the committed file after changing a model)")
+    p.set_defaults(func=cmd_schema)
     p = sub.add_parser("ui", help="start a local Prefect server + UI on 127.0.0.1 (database under .prefect-home)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--home", default=".prefect-home")

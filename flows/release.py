@@ -41,7 +41,7 @@ def run_name() -> str:
 # result_serializer="json": Prefect persists a failed run's exception whatever persist_result says; JSON writes its
 # type and public text alone (tasks/privacy.py).
 @flow(name="release", flow_run_name=run_name, version=FLOW_VERSION, persist_result=False, result_serializer="json")
-def release_flow(spec_path: str, engine: Engine | None = None) -> str:
+def release_flow(spec_path: str, engine: Engine | None = None, plan: str | None = None) -> str:
     """Release one privacy spec: protect the source and publish the release folder.
 
     Args:
@@ -49,9 +49,12 @@ def release_flow(spec_path: str, engine: Engine | None = None) -> str:
             made from (the worker runs there).
         engine: Overrides the spec's `engine.mode`: memory (one chunk in memory), stream (chunks on one core)
             or dask (chunks on a Dask cluster). Empty: the spec decides.
+        plan: Path of a saved plan (`pram-release plan SPEC --save`): publish exactly what it reviewed, or
+            refuse. Empty: no saved plan.
     """
     with ReleaseRun(spec_path) as run:   # whatever fails: staging removed, audited, reservation cancelled
-        spec = run.loaded(load_spec_task(spec_path))
+        spec = run.loaded(load_spec_task(spec_path, plan))   # a saved plan's spec and source, before reserving
+        run.plan = plan
         start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
         if (earlier := published_before_task(spec)) is not None:   # a retry of a run that published
             return run.not_again(earlier)
@@ -75,9 +78,10 @@ def _release(run: ReleaseRun, spec) -> Path:
         source_sha, refs = open_source_task(spec)
         if run.engine == "dask":
             with dask_runner(spec) as runner:
-                profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner)
+                profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner, run.plan,
+                                                                   source_sha)
         else:
-            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None)
+            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None, run.plan, source_sha)
         source_unchanged_task(spec, source_sha)
         run.assignments = assignments
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
@@ -92,9 +96,10 @@ def _release(run: ReleaseRun, spec) -> Path:
     return folder
 
 
-def _chunk_passes(spec, seed: Seed, stage, refs, runner):
-    """Pass 1 (profile), channel choice, pass 2 (perturb, write parts). With a Dask `runner`, runs of chunks
-    are tasks on its workers; a row's randomness is addressed by its row, so the result is the same."""
+def _chunk_passes(spec, seed: Seed, stage, refs, runner, saved_plan: str | None = None, source_sha: str | None = None):
+    """Pass 1 (profile), channel choice (checked against a saved plan), pass 2 (perturb, write parts). With a Dask
+    `runner`, runs of chunks are tasks on its workers; a row's randomness is addressed by its row, so the result
+    is the same."""
     if runner is not None:
         rows = sum(r.rows for r in refs) if refs else None
         sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: dict(spec=spec, chunks=chunks,
@@ -103,7 +108,7 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner):
     else:
         sketch = profile_pass_task(spec, seed, refs)
     profile = finish_profile_task(spec, sketch)
-    assignments = choose_channels_task(spec, profile, seed)
+    assignments = choose_channels_task(spec, profile, seed, saved_plan, source_sha)
     plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), spec.engine.mode)
     if runner is not None:
         totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: dict(plan=plan, chunks=chunks), refs,

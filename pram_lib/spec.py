@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (BeforeValidator, Discriminator, Field, PrivateAttr, Tag, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+                      WithJsonSchema, field_validator, model_validator)
 
 from pram_lib.core.strict import DECIMAL, Strict as _Strict
 from pram_lib.families import BY_CHANNEL, family_of, spec_model_of, spec_models
@@ -43,8 +43,11 @@ class SpecError(ValueError):
         return (SpecError, (self.file, self.line, self.column, self.field, self.problem, self.found, self.fix))
 
 
+SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"   # a release or population name (it names a folder)
+
+
 def _check_slug(v: str, problem: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
+    if not re.fullmatch(SLUG.strip("^$"), v):
         raise ValueError(problem)
     return v
 
@@ -52,7 +55,8 @@ def _check_slug(v: str, problem: str) -> str:
 class PopulationSpec(_Strict):
     """The people a release describes: releases that share `key` share one cumulative ε cap (the ledger)."""
 
-    key: str
+    key: str = Field(description="the population's name: releases of the same people share it",
+                     json_schema_extra={"pattern": SLUG})
     cap: float = Field(gt=0, description="largest cumulative ε over every release of this population")
     ledger: str | None = Field(default=None, description="the population's ledger file (default: "
                                "<private_store>/ledger.sqlite); one ledger per population on this machine")
@@ -80,8 +84,8 @@ class LongitudinalSpec(_Strict):
 
 
 class SourceSpec(_Strict):
-    path: str
-    format: Literal["csv", "parquet"] | None = None
+    path: str = Field(description="the confidential CSV or Parquet file, relative to the spec's folder")
+    format: Literal["csv", "parquet"] | None = Field(default=None, description="default: from the file name")
     dtypes: dict[str, str] = Field(default_factory=dict)
     # CSV fields read as missing (exact text); Parquet nulls are always missing. "NA" is a value unless listed.
     missing_values: list[str] = Field(default_factory=lambda: [""])
@@ -178,24 +182,28 @@ class EngineSpec(_Strict):
 
 
 class ReleaseSpec(_Strict):
-    release: str
+    release: str = Field(description="the release's name (letters, digits, '.', '_', '-'): it names its folder",
+                         json_schema_extra={"pattern": SLUG})
     description: str = ""
     source: SourceSpec
-    output: str = "releases"
-    private_store: str = "private"
-    budget: float = Field(gt=0)
+    output: str = Field(default="releases", description="folder where releases are published")
+    private_store: str = Field(default="private", description="folder of seeds, ledger, audit log and internal "
+                               "reports; never inside `output:`")
+    budget: float = Field(gt=0, description="largest ε per record this release may spend (sum over variables)")
     rows: int | None = Field(default=None, description="the planned number of records (public); read by "
                              "`pram-release plan` and to resolve a `target:` (a release counts its source)")
     population: PopulationSpec | None = None
     longitudinal: LongitudinalSpec | None = None
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool | None = None          # the older switch: `csv: true` means csv is in `formats`
-    formats: list[Annotated[str, BeforeValidator(_data_format)]] = Field(default_factory=lambda: ["parquet"])
+    formats: list[Annotated[str, BeforeValidator(_data_format), WithJsonSchema({"enum": list(DATA_FORMATS)})]] = \
+        Field(default_factory=lambda: ["parquet"], description="files of the released table (parquet always)")
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="level of every published interval and band")
-    passthrough: list[str] = Field(default_factory=list)
+    passthrough: list[str] = Field(default_factory=list, description="columns released unchanged (unprotected)")
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
-    variables: list[VariableSpec] = Field(min_length=1)
+    variables: list[VariableSpec] = Field(min_length=1, description="the protected variables: each names its "
+                                          "`channel:`, whose fields it takes")
 
     _path: Path = PrivateAttr(default=Path("<spec>"))
     _marks: dict = PrivateAttr(default_factory=dict)

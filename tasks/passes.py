@@ -11,10 +11,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from pram_lib.ops import audit
-from pram_lib.pipeline import release, stream
+from pram_lib.pipeline import release, saved_plan, stream
 from pram_lib.spec import ReleaseSpec
 from tasks.artifacts import post
-from tasks.privacy import Seed
+from tasks.privacy import Seed, about_the_spec
 from tasks.steps import mark, private_errors, release_key, step, timed, transient
 
 
@@ -103,8 +103,13 @@ def finish_profile_task(spec: ReleaseSpec, sketch: stream.Sketch) -> release.Pro
 
 
 @step("choose-channels")
-def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed) -> list[release.Assignment]:
+def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed, plan: str | None = None,
+                         source_sha256: str | None = None) -> list[release.Assignment]:
+    """The channels; with a saved `plan`, refused unless they, their ε and the source read are the ones reviewed."""
     out = release.choose_channels(spec, profile, seed.value)
+    if plan is not None:
+        with about_the_spec():
+            saved_plan.check(plan, spec, source_sha256, out)
     for a in out:
         get_run_logger().info("%s [%s]: %r", a.column, a.stratum_label, a.channel)
     return out

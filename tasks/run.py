@@ -48,6 +48,7 @@ class ReleaseRun:
         self.spec = self.stage = self.folder = self.assignments = None
         self.vouched = False   # a release-published entry vouches for the folder: no second entry may
         self.engine: str | None = None
+        self.plan: str | None = None      # a saved plan this run must publish exactly (`run --plan`)
         self.settled = False
         self.reserved = False             # the ledger holds a reservation of this run (to settle or cancel)
         self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)

@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from pram_lib.ops import audit, journal, ledger
-from pram_lib.pipeline import release
+from pram_lib.pipeline import release, saved_plan
 from pram_lib.pipeline.plan import resolve_targets
 from pram_lib.spec import ReleaseSpec, SpecError, load_spec, named_private_store
 from tasks.privacy import about_the_spec
@@ -17,13 +17,17 @@ from tasks.steps import close_journal, flow_run_id, open_journal, run_journal, s
 
 
 @step("load-spec", retries=2, retry_delay_seconds=1, retry_condition_fn=transient)
-def load_spec_task(spec_path: str) -> ReleaseSpec:
+def load_spec_task(spec_path: str, plan: str | None = None) -> ReleaseSpec:
+    """The spec, its targets resolved; with a saved `plan`, refused unless the spec and the source files are the
+    ones it reviewed (before the ledger reserves anything)."""
     with about_the_spec():   # resolving a `target:` below may read the source's categories: not public
         if not Path(spec_path).is_file():
             raise SpecError(spec_path, None, None, "spec_path", f"no spec file at this path, read from the working "
                             f"directory {os.getcwd()}", fix="give an absolute path, or a path relative to the "
                             "checkout the deployment was made from (run `prefect deploy` from the checkout)")
         spec = load_spec(spec_path)
+        if plan is not None:
+            saved_plan.check(plan, spec)
     return resolve_targets(spec)   # a `target:` becomes its ε before the ledger reserves
 
 

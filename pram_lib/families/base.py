@@ -240,7 +240,7 @@ def leak_problem(column: str) -> str:
 class OneColumn(Strict):
     """A spec model for one released column (its `column:` names it)."""
 
-    column: str
+    column: str = Field(description="the source column released")
 
     @property
     def key(self) -> str:
@@ -337,9 +337,11 @@ class StatedLevel(Strict):
     """A spec model's privacy level, stated as alpha (ε) or gamma (e^ε), or as an accuracy `target:` that
     pram_lib.pipeline.plan.resolve_targets turns into alpha (the release then reads it as if stated)."""
 
-    alpha: float | None = None
-    gamma: float | None = None
-    target: Target | None = None
+    alpha: float | None = Field(default=None, description="the privacy level ε per record (state alpha, "
+                                "gamma or target)")
+    gamma: float | None = Field(default=None, description="the privacy level as e^ε (> 1)")
+    target: Target | None = Field(default=None, description="the accuracy to reach instead of a level: the "
+                                  "smallest ε that meets it is taken")
     _resolved: dict | None = PrivateAttr(default=None)   # what resolving the target found (channels.json details)
 
     @field_validator("alpha")

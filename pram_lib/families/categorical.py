@@ -62,10 +62,12 @@ class CategoricalVariable(OneColumn, StatedLevel):
     data_prior: ClassVar[bool] = False     # its matrix is chosen from a prior (`prior:` data, uniform, file, dp)
 
     channel: str
-    categories: list[Union[str, int]] | None = None
-    prior: Prior = "data"                # pram-optimal with `strata:` and no `prior:` takes "uniform" (see README)
+    categories: list[Union[str, int]] | None = Field(default=None, description="the public domain (default: the\n"
+                                                     "categories found in the source)")
+    prior: Prior = Field(default="data", description="data, uniform, {file: public.csv} or {dp: ε0}")  # pram-optimal with `strata:` and no `prior:` takes "uniform" (see README)
     min_prior_rows: int = Field(default=MIN_PRIOR_ROWS, ge=1)  # a data prior is refused below this many rows
-    strata: list[str] = Field(default_factory=list)
+    strata: list[str] = Field(default_factory=list, description="released columns within whose categories the channel\n"
+                              "is chosen")
     public: bool = False             # the variable is public information: a channel with ε = ∞ is accepted
     missing: Literal["keep", "category"] = "keep"  # missing released as missing, or perturbed as a category
 

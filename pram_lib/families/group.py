@@ -17,7 +17,7 @@ from typing import ClassVar, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
@@ -41,7 +41,7 @@ class GroupVariable(StatedLevel):
     """A group of categorical variables randomized together (Multi-RR): what every group channel's spec has.
     Each group entry's model adds its `channel:` tag and its own fields (rr-clusters: `clustering:`)."""
 
-    columns: list[str]
+    columns: list[str] = Field(description="the columns randomized together (at least two)")
     name: str | None = None              # the group's name (default: its columns joined by '+')
     adjust: bool = False                 # publish RR-Adjustment weights
     categories: dict[str, list[Union[str, int]]] | None = None   # each attribute's public domain

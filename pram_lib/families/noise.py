@@ -69,8 +69,9 @@ class NoiseVariable(OneColumn):
     Each noise entry's model narrows `channel:` to its name and adds its own fields (gamma-noise: `theta:`)."""
 
     channel: str
-    protection: Protection | None = None
-    eta: float | None = Field(default=None, gt=0)
+    protection: Protection | None = Field(default=None, description="the protection level the noise is chosen "
+                                          "for (default {Q: 0.75, delta: 0.9})")
+    eta: float | None = Field(default=None, gt=0, description="a fixed noise level instead of `protection:`")
     transform: Literal["none", "log1p"] = "none"
     point_masses: list[float] = Field(default_factory=list)
     resolution: float | None = Field(default=None, gt=0)

@@ -122,7 +122,7 @@ def test_no_seed_raw_value_or_source_statistic_reaches_prefect(prefect_server, r
         assert all(form not in blob for form in _forms(seed)), engine
     assert synth.SECRET_VALUE_PREFIX not in blob and "98765.43" not in blob
     for r in runs_:
-        assert set(r.parameters) <= {"spec_path", "engine"}, r.parameters
+        assert set(r.parameters) <= {"spec_path", "engine", "plan"}, r.parameters   # plan: a saved plan's path
 
 
 def test_run_list_answers(prefect_server, runs):
