@@ -17,6 +17,7 @@ from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, o
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec, fixed_seed  # noqa: F401
 from tasks.results import (estimate_task, internal_report_task, publish_task, settle_panel_task, stage_task,
                            validate_task)
+from tasks.review import sign_off_task
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
 from tasks.run_log import load_spec_task, published_before_task, reserve_budget_task, start_run_task
 
@@ -87,10 +88,12 @@ def _release(run: ReleaseRun, spec) -> Path:
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
         estimates, distributions, plot_files = estimate_task(spec, profile, plan, totals, stage, helpers)
         validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers))
+        if spec.review.required:                        # paused until a reviewer answers in the UI
+            run.signed_off(sign_off_task(spec, run.review_summary(validation)))
         settle_panel_task(spec, plan, totals)           # a longitudinal population's per-record ledger
         run.panel = totals.panel_summary
         folder = run.folder = publish_task(spec, stage, plan, totals, estimates, distributions, validation,
-                                           plot_files, run.started_at)
+                                           plot_files, run.started_at, run.sign_off)
     run.settle()
     internal_report_task(spec, assignments, profile, estimates, distributions, totals, validation, folder.name)
     return folder

@@ -83,6 +83,15 @@ class LongitudinalSpec(_Strict):
                        "can estimate change between releases")
 
 
+class ReviewSpec(_Strict):
+    """Sign-off before publication: the flow pauses after the gate with the run's summary and its changes against
+    the last release, and publishes only when a reviewer approves in the Prefect UI."""
+
+    required: bool = Field(default=False, description="pause before publishing until a reviewer approves")
+    timeout_minutes: float = Field(default=1440.0, gt=0, le=43200, description="minutes to wait for the answer; "
+                                   "no answer is a refusal (nothing published, the reservation cancelled)")
+
+
 class SourceSpec(_Strict):
     path: str = Field(description="the confidential CSV or Parquet file, relative to the spec's folder")
     format: Literal["csv", "parquet"] | None = Field(default=None, description="default: from the file name")
@@ -194,6 +203,7 @@ class ReleaseSpec(_Strict):
                              "`pram-release plan` and to resolve a `target:` (a release counts its source)")
     population: PopulationSpec | None = None
     longitudinal: LongitudinalSpec | None = None
+    review: ReviewSpec = Field(default_factory=ReviewSpec)
     seed: int | None = Field(default=None, repr=False)   # private: never printed or logged
     csv: bool | None = None          # the older switch: `csv: true` means csv is in `formats`
     formats: list[Annotated[str, BeforeValidator(_data_format), WithJsonSchema({"enum": list(DATA_FORMATS)})]] = \

@@ -98,7 +98,7 @@ def settle_panel_task(spec, plan, totals) -> None:
 
 @step("publish")
 def publish_task(spec, stage, plan, totals, estimates, distributions, validation, plot_files: list[str],
-                 started) -> Path:
+                 started, sign_off: dict | None = None) -> Path:
     """The data are already in the staging folder (written chunk by chunk)."""
     assignments = list(plan.assignments)
     sampled = 0 if totals.sample is None else len(totals.sample)
@@ -114,6 +114,9 @@ def publish_task(spec, stage, plan, totals, estimates, distributions, validation
                           "from every row")
     if totals.panel_summary is not None:
         processing += panel.summary_lines(spec, totals.panel_summary)
+    if sign_off is not None:
+        processing.append(f"signed off before publication by {sign_off['approver']} at {sign_off['answered']}"
+                          + (f": {sign_off['comment']}" if sign_off["comment"] else ""))
     columns = list(totals.sample.columns) if totals.sample is not None else []
     report, overall = publish.write_release_files(stage, spec, assignments, estimates, distributions, validation,
                                                   totals.rows, columns, started, plot_files, processing)

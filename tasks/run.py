@@ -53,6 +53,7 @@ class ReleaseRun:
         self.reserved = False             # the ledger holds a reservation of this run (to settle or cancel)
         self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)
         self.panel: dict | None = None    # a longitudinal release's per-record ledger summary (counts only)
+        self.sign_off: dict | None = None  # the reviewer's answer (review: {required: true})
 
     # -- the run's bookkeeping, as a context manager ------------------------------------------------
     def __enter__(self) -> "ReleaseRun":
@@ -117,6 +118,56 @@ class ReleaseRun:
         self._summary("released")
         return str(folder)
 
+    def signed_off(self, answer: dict) -> None:
+        """The reviewer's answer: recorded (audit entry, report); a rejection or no answer refuses the release."""
+        from tasks.review import refusal
+
+        self.sign_off = answer
+        self.record["sign_off"] = answer
+        refused = refusal(answer)
+        if refused is not None:
+            raise refused
+
+    def review_summary(self, validation: dict) -> str:
+        """What the reviewer's form shows: public facts only (the spec's channels and levels, the gate's
+        verdict, the ledger, and the channels and levels changed against the last release).
+        Changes of matrices and data-derived categories stay on the curator's terminal (`pram-release diff`)."""
+        from pram_lib.families import family_of
+        from pram_lib.pipeline import diff
+
+        spec = self.spec
+        lines = [f"# Sign-off: {spec.release}", "",
+                 "Approve to publish this release; refuse (leave *approve* unticked) to publish nothing and cancel "
+                 "its reservation.", "", "| what | value |", "|---|---|", f"| spec | `{self.spec_path}` |",
+                 f"| engine | {self.engine} |",
+                 f"| gate | {'passed' if validation['passed'] else 'REFUSED'} (its tables: the `validate` task) |"]
+        if spec.population is not None:
+            lines.append(f"| population {spec.population.key} | {self._ledger_line()} |")
+        lines += ["", "## Channels (as the spec sets them)", "", "| variable | channel | ε |", "|---|---|---|"]
+        for v in spec.variables:
+            family = family_of(v)
+            eps = ("not DP (noise)" if family.adds_noise else "target" if getattr(v, "target", None) is not None
+                   else "from the data, within the budget" if family.epsilon_from_data(v)
+                   else f"{family.static_epsilon(v):.4g}")
+            lines.append(f"| {v.key} | {v.channel} | {eps} |")
+        last = diff.last_release(spec)
+        lines += ["", f"## Changes against the last release ({last.folder.name if last else 'none'})", ""]
+        if last is not None:
+            from pram_lib.core.jsonable import to_json
+            from pram_lib.pipeline.publish import channels_document
+
+            after = to_json(channels_document(spec, self.assignments))["channels"]
+            shown = ("new:", "no longer released", "channel:", "ε:", "kind:")
+            changed = [(c, [x for x in c.lines if x.startswith(shown)]) for c in diff.compare(last.channels, after)]
+            changed = [(c, ls) for c, ls in changed if c.kind != "="]
+            lines += [f"- {c.kind} {c.name}" + (f": {'; '.join(ls)}" if ls else "") for c, ls in changed] or \
+                ["- no channel changed its method or ε"]
+            lines += ["", "Changes of matrix entries and of categories read from the data are not shown here "
+                      "(they stay out of Prefect until published): `pram-release diff SPEC` prints them."]
+        else:
+            lines.append("- the first release of this name: every channel is new")
+        return "\n".join(lines) + "\n"
+
     def not_again(self, folder: Path) -> str:
         """A retry of a run that already published: nothing read, reserved, spent or published again; the run
         ends Completed with the folder its earlier attempt published."""
@@ -156,7 +207,8 @@ class ReleaseRun:
         else:  # what could not be recorded is left to the next run on this store (journal.recover)
             hand_over_journal(f"{kind}: {original}; could not record: {'; '.join(self.unrecorded)}")
         self._summary("published, then failed" if self.folder is not None else
-                      "refused" if kind in ("ValidationGateFailed", "SpecError", "LedgerRefused") else "failed",
+                      "refused" if kind in ("ValidationGateFailed", "SpecError", "LedgerRefused", "ReviewRefused") else
+                      "failed",
                       err, audited)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: cleaned up, and left to Prefect as they are
             return exc
