@@ -1,4 +1,4 @@
-"""`pram-release`: run | check | diff | plan | schema | ui | verify | analyze."""
+"""`pram-release`: run | check | diff | plan | schema | alerts | ui | verify | analyze."""
 
 from __future__ import annotations
 
@@ -173,6 +173,41 @@ def cmd_diff(args: argparse.Namespace) -> int:
     changed = any(c.kind != "=" for c in channels)
     print("changes." if changed else "no change.", "nothing written, nothing spent.")
     return 1 if changed else 0
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    """Set up the operator's alerts on the Prefect server at PREFECT_API_URL (flows/operate.py)."""
+    from datetime import timedelta
+
+    api = os.environ.get("PREFECT_API_URL")
+    if not api or not _answers(api):
+        print(f"error: no Prefect server answers at PREFECT_API_URL={api or '(unset)'}. Fix: start one with "
+              "`pram-release ui` and export the URL it prints", file=sys.stderr)
+        return 2
+    if not args.webhook.startswith(("http://", "https://")):
+        print(f"error: --webhook {args.webhook!r} is not an http(s) URL. Fix: give the URL your chat or paging "
+              "tool offers for incoming webhooks", file=sys.stderr)
+        return 2
+    if not args.window_minutes * 60 >= 10:
+        print(f"error: --window-minutes {args.window_minutes:g} is under 10 seconds, the least Prefect's proactive "
+              "triggers accept. Fix: give at least 0.17 (a scheduled release's usual run time, with a margin)",
+              file=sys.stderr)
+        return 2
+    from flows.operate import set_up
+    from pram_lib.spec import SpecError, load_spec
+
+    populations = []
+    for path in args.spec or sorted(Path("specs").glob("*.yaml")):
+        try:
+            spec = load_spec(path)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if spec.population is not None and spec.population.key not in populations:
+            populations.append(spec.population.key)
+    for line in set_up(args.webhook, timedelta(minutes=args.window_minutes), populations):
+        print(line)
+    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -561,6 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("alerts", help="set up the operator's alerts on the Prefect server: a webhook for failed or "
+                       "crashed release runs and for releases late past --window-minutes, unresponsive runs marked "
+                       "Crashed, one release per population at a time (global concurrency limits)")
+    p.add_argument("--webhook", required=True, help="URL that receives a JSON POST {subject, text} per alert")
+    p.add_argument("--window-minutes", type=float, default=120.0,
+                   help="a release run not finished this long after it was due or started is late (default 120)")
+    p.add_argument("--spec", action="append", help="a spec whose population gets a concurrency limit (repeat; "
+                   "default: specs/*.yaml)")
+    p.set_defaults(func=cmd_alerts)
     p = sub.add_parser("diff", help="what a release of SPEC would change against the last published release of "
                        "the same name (channels, ε, matrices, categories, half-widths, ledger); exit 0 no change, "
                        "1 changes, 2 error; writes and spends nothing")

@@ -19,7 +19,8 @@ from tasks.results import (estimate_task, internal_report_task, publish_task, se
                            validate_task)
 from tasks.review import sign_off_task
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
-from tasks.run_log import load_spec_task, published_before_task, reserve_budget_task, start_run_task
+from tasks.run_log import (load_spec_task, population_slot, published_before_task, reserve_budget_task,
+                           start_run_task)
 
 Engine = Literal["memory", "stream", "dask"]
 
@@ -59,14 +60,15 @@ def release_flow(spec_path: str, engine: Engine | None = None, plan: str | None 
         start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
         if (earlier := published_before_task(spec)) is not None:   # a retry of a run that published
             return run.not_again(earlier)
-        reserve_budget_task(spec, run.run_id)         # population ε ledger: refused here, before any data is read
-        run.reserved = True
-        run.engine = engine or spec.engine.mode
-        with about_the_spec():
-            check_streamable(spec, run.engine)         # an --engine override meets the spec's needs too
-        run.tag()
-        run.published(_release(run, spec.on_engine(run.engine)))
-        return run.finish()
+        with population_slot(spec):                    # one release of a population at a time (if limited)
+            reserve_budget_task(spec, run.run_id)     # population ε ledger: refused here, before any data is read
+            run.reserved = True
+            run.engine = engine or spec.engine.mode
+            with about_the_spec():
+                check_streamable(spec, run.engine)     # an --engine override meets the spec's needs too
+            run.tag()
+            run.published(_release(run, spec.on_engine(run.engine)))
+            return run.finish()
 
 
 def _release(run: ReleaseRun, spec) -> Path:

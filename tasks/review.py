@@ -25,7 +25,7 @@ POLL_SECONDS = 10   # how often the paused run asks the server for the answer (P
 class SignOff(RunInput):
     """The reviewer's answer, as the UI's form asks for it."""
 
-    approve: bool = Field(default=False, description="tick to publish this release; leave unticked to refuse it")
+    approve: bool = Field(default=False, description="switch on to publish this release; leave off to refuse it")
     approver: str = Field(min_length=1, max_length=200, description="your name (recorded in the audit log)")
     comment: str = Field(default="", max_length=2000, description="why (recorded in the audit log and the report)")
 
@@ -40,16 +40,23 @@ class ReviewRefused(RuntimeError):
 @step("sign-off", inline=True)   # in the flow itself: Prefect pauses flow runs, not task runs
 def sign_off_task(spec, summary: str) -> dict:
     """Pause until a reviewer answers; the answer as {decision, approver, comment, answered}."""
+    from prefect import get_run_logger
+    from prefect.runtime import flow_run
+
     form = SignOff.with_initial_data(description=summary)
     minutes = spec.review.timeout_minutes
+    get_run_logger().warning("waiting for sign-off: open this run in the Prefect UI (%s), click Resume, answer the "
+                             "form within %g minutes", flow_run.ui_url, minutes)
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=max(1, round(minutes * 60)), key="sign-off",
                                 poll_interval=POLL_SECONDS)
     except FlowPauseTimeout:
         return {"decision": "no answer", "approver": None, "comment": None, "answered": utc_now(),
                 "timeout_minutes": minutes}
-    return {"decision": "approved" if answer.approve else "rejected", "approver": answer.approver,
-            "comment": answer.comment, "answered": utc_now()}
+    decision = "approved" if answer.approve else "rejected"
+    get_run_logger().info("sign-off: %s by %s%s", decision, answer.approver,
+                          f": {answer.comment}" if answer.comment else "")
+    return {"decision": decision, "approver": answer.approver, "comment": answer.comment, "answered": utc_now()}
 
 
 def refusal(answer: dict) -> ReviewRefused | None:

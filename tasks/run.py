@@ -137,12 +137,12 @@ class ReleaseRun:
 
         spec = self.spec
         lines = [f"# Sign-off: {spec.release}", "",
-                 "Approve to publish this release; refuse (leave *approve* unticked) to publish nothing and cancel "
-                 "its reservation.", "", "| what | value |", "|---|---|", f"| spec | `{self.spec_path}` |",
-                 f"| engine | {self.engine} |",
-                 f"| gate | {'passed' if validation['passed'] else 'REFUSED'} (its tables: the `validate` task) |"]
+                 "Switch *approve* on and submit to publish this release; leave it off and submit to publish nothing "
+                 "and cancel its reservation.", "", f"- spec: `{Path(self.spec_path).name}`",
+                 f"- engine: {self.engine}",
+                 f"- gate: {'passed' if validation['passed'] else 'REFUSED'} (its tables: the `validate` task)"]
         if spec.population is not None:
-            lines.append(f"| population {spec.population.key} | {self._ledger_line()} |")
+            lines.append(f"- population {spec.population.key}: {self._ledger_line()}")
         lines += ["", "## Channels (as the spec sets them)", "", "| variable | channel | ε |", "|---|---|---|"]
         for v in spec.variables:
             family = family_of(v)
@@ -151,7 +151,8 @@ class ReleaseRun:
                    else f"{family.static_epsilon(v):.4g}")
             lines.append(f"| {v.key} | {v.channel} | {eps} |")
         last = diff.last_release(spec)
-        lines += ["", f"## Changes against the last release ({last.folder.name if last else 'none'})", ""]
+        lines += ["", "## Changes against the last release", "",
+                  f"Last release: `{last.folder.name}`" if last else "Last release: none", ""]
         if last is not None:
             from pram_lib.core.jsonable import to_json
             from pram_lib.pipeline.publish import channels_document
@@ -236,7 +237,9 @@ class ReleaseRun:
                 for a in self.assignments or []]
 
     def _summary(self, outcome: str, err: StepFailed | None = None, audited: bool = True) -> None:
-        """One artifact per run: released or refused, the folder, ε spent and left, the gate, the clean-up."""
+        """One artifact per run: released or refused, the folder, ε spent and left, the gate, the clean-up; and
+        the run's Prefect event."""
+        self._event(outcome, err)
         try:
             post(create_markdown_artifact, key=f"{release_key(self.spec) if self.spec else 'release'}-summary",
                  markdown=self._summary_markdown(outcome, err, audited),
@@ -245,6 +248,46 @@ class ReleaseRun:
             get_run_logger().warning("could not write the summary artifact: %s", type(exc).__name__)
         for kind in wait_posted():   # the run ends with every artifact in the UI
             get_run_logger().warning("could not write an artifact to the Prefect API: %s", kind)
+
+    def _event(self, outcome: str, err: StepFailed | None) -> None:
+        """`pram.release.published|refused|failed|already-published` about resource `pram.release.<name>` (and
+        `pram.ledger.near-cap` when a population's ledger is at 90 % of its cap or more), with public facts only:
+        the folder, the ε it spent, the ledger's totals, the step and kind of a refusal. Automations and
+        deployment triggers can match them (README: "Operating scheduled releases")."""
+        from prefect.events import emit_event
+
+        spec = self.spec
+        name = spec.release if spec is not None else Path(self.spec_path).stem
+        resource = {"prefect.resource.id": f"pram.release.{name}", "prefect.resource.name": name}
+        related, payload = [], {"outcome": outcome, "engine": self.engine}
+        if self.folder is not None:
+            payload.update(folder=self.folder.name, epsilon_spent=self.spent())
+        if err is not None:
+            payload.update(step=err.step, kind=err.kind)
+        near = None
+        if spec is not None and spec.population is not None:
+            key = spec.population.key
+            related.append({"prefect.resource.id": f"pram.population.{key}", "prefect.resource.role": "population",
+                            "prefect.resource.name": key})
+            try:
+                from pram_lib.ops.ledger import ledger_for
+
+                ledger = ledger_for(spec)
+                used, cap = ledger.spent(key), ledger.cap(key) or spec.population.cap
+                payload.update(ledger_spent=used, ledger_cap=cap)
+                near = used / cap if cap and used >= 0.9 * cap else None
+            except Exception:   # noqa: BLE001 - the ledger's own error is the run's; the event goes without it
+                pass
+        try:
+            event = {"refused": "refused", "failed": "failed", "already published": "already-published"}.get(
+                outcome, "published" if self.folder is not None else "failed")
+            emit_event(event=f"pram.release.{event}", resource=resource, related=related, payload=payload)
+            if near is not None:
+                emit_event(event="pram.ledger.near-cap", resource=related[0],
+                           payload={"spent": payload["ledger_spent"], "cap": payload["ledger_cap"],
+                                    "share": round(near, 4)})
+        except Exception as exc:   # noqa: BLE001 - events are for operators: a run is never failed for them
+            get_run_logger().warning("could not emit the run's event: %s", type(exc).__name__)
 
     def _summary_markdown(self, outcome: str, err: StepFailed | None, audited: bool) -> str:
         spec = self.spec

@@ -3,6 +3,7 @@ ledger (reserve, settle), the audit log."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -72,6 +73,39 @@ def _mark_crashed(run: dict, folder: str | None) -> None:
                 client.set_flow_run_state(fr_id, Crashed(message=msg), force=True)
     except Exception as exc:  # another server, or the run was deleted: the audit entry is what counts
         get_run_logger().warning("could not mark the interrupted run %s crashed: %s", fr_id, type(exc).__name__)
+
+
+def population_limit(key: str) -> str:
+    """The name of a population's global concurrency limit (made by `pram-release alerts`, flows/operate.py)."""
+    return f"pram-population-{key}"
+
+
+@contextlib.contextmanager
+def population_slot(spec: ReleaseSpec):
+    """Hold the population's slot of its Prefect global concurrency limit (limit 1) from the ledger's reservation
+    to the run's end, so two deployments of one population queue instead of racing for its ledger; the run says
+    in its log that it waits. Without such a limit on the server (none set up), nothing is held."""
+    from prefect import get_client
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectNotFound
+
+    if spec.population is None:
+        yield
+        return
+    name = population_limit(spec.population.key)
+    try:
+        with get_client(sync_client=True) as client:
+            limit = client.read_global_concurrency_limit_by_name(name)
+    except ObjectNotFound:
+        limit = None
+    if limit is None or not limit.active:
+        yield
+        return
+    if limit.active_slots >= limit.limit:
+        get_run_logger().warning("waiting for population %s: another release of it holds the slot of global "
+                                 "concurrency limit %s", spec.population.key, name)
+    with concurrency(name, occupy=1, strict=True):
+        yield
 
 
 @step("published-before", inline=True)

@@ -43,12 +43,12 @@ def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
 
     with get_client(sync_client=True) as client:
         deps = {d.name: d for d in client.read_deployments()}
-        assert set(deps) == {"adult-demo-monthly", "adult-public-prior-weekly"}
+        assert set(deps) == {"adult-demo-monthly", "adult-public-prior-weekly", "adult-panel-on-arrival"}
         dep = deps["adult-public-prior-weekly"]
         assert dep.entrypoint == "flows/release.py:release_flow"
         assert dep.parameters == {"spec_path": "specs/adult_public_prior.yaml"}
         props = dep.parameter_openapi_schema["properties"]
-        assert set(props) == {"spec_path", "engine"}           # no seed is offered: it would be stored
+        assert set(props) == {"spec_path", "engine", "plan"}   # no seed is offered: it would be stored
         assert all(p.get("description") for p in props.values())
         assert props["engine"]["anyOf"][0]["enum"] == ["memory", "stream", "dask"]
         assert dep.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(repo)}}]
@@ -65,6 +65,20 @@ def test_scheduled_deployment_runs_end_to_end(prefect_server, tmp_path):
         run = min(runs, key=lambda r: r.expected_start_time)
         assert run.expected_start_time.weekday() == 0  # Monday, per the cron
         client.set_flow_run_state(run.id, Scheduled(scheduled_time=datetime.now(timezone.utc)), force=True)
+
+        # The event-triggered deployment: the extract job's event creates a run of it (the server's triggers)
+        arrival = deps["adult-panel-on-arrival"]
+        assert not arrival.schedules and arrival.parameters == {"spec_path": "specs/adult_monthly.yaml"}
+        on_arrival = DeploymentFilter(id=DeploymentFilterId(any_=[arrival.id]))
+        assert client.read_flow_runs(deployment_filter=on_arrival) == []
+    sh(PREFECT + ["event", "emit", "pram.source.arrived", "--resource-id", "pram.source.adult-panel"], env, repo)
+    with get_client(sync_client=True) as client:
+        deadline, triggered = time.time() + 120, []
+        while time.time() < deadline and not triggered:
+            triggered = client.read_flow_runs(deployment_filter=on_arrival)
+            time.sleep(2)
+        assert len(triggered) == 1, "the source-arrived event created no run of adult-panel-on-arrival"
+        client.delete_flow_run(triggered[0].id)   # not run here: the worker below takes the weekly one
 
     sh(PREFECT + ["worker", "start", "--pool", "pram-local", "--run-once"], env, tmp_path / "..", timeout=400)
 

@@ -55,12 +55,16 @@ def test_telemetry_stays_off_whatever_the_environment_says(tmp_path):
 
 def test_scheduled_runs_get_the_forced_settings_through_the_work_pool():
     """A deployment's flow runs are started by a worker, not by the CLI: prefect.yaml hands each run process the
-    CLI's forced settings (the process work pool's `env` job variable)."""
+    CLI's forced settings (the process work pool's `env` job variable), and the heartbeat the `unresponsive run`
+    automation watches (flows/operate.py HEARTBEAT_SECONDS)."""
     import yaml
 
     from flows.cli import PREFECT_ENV_FORCED
+    from flows.operate import HEARTBEAT_SECONDS
 
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     assert deployments
     for d in deployments:
-        assert d["work_pool"]["job_variables"]["env"] == PREFECT_ENV_FORCED, d["name"]
+        assert d["work_pool"]["job_variables"]["env"] == {**PREFECT_ENV_FORCED,
+                                                          "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}, \
+            d["name"]
