@@ -202,3 +202,56 @@ void siphash24_3w_uniforms(const uint64_t *w0, uint64_t tag, const uint64_t *w2,
         for (int64_t j = 0; j < w; j++) out[lo + j] = ((double)(int64_t)(h[j] >> drop) + half) * scale;
     }
 }
+
+/* The per-record ledger's lookup for pram_lib.ops.panel: each tag's row in the sorted ledger `records`, -1 when
+ * absent, and the found rows' cumulative ε and per-variable last pair tags (0.0 and 0 when absent), in one pass.
+ * `index[b]` is the first row whose tag >> shift is at least b (b = 0 .. 2^(64-shift)): the ledger's tags are keyed
+ * hashes, uniform on 64 bits, so a bucket holds a few rows. The ledger is far larger than the caches and is read at
+ * random, so the tags go LOOKUP_BATCH at a time through three stages, each prefetching what the next reads: a
+ * lookup's three dependent reads (bucket, row, its ε and last pairs) overlap with the batch's others instead of
+ * waiting for memory one after the other. Returns how many tags were found. */
+#define LOOKUP_BATCH 64
+int64_t panel_lookup(const uint64_t *records, const int64_t *index, int shift, const double *loss,
+                     const uint64_t *const *lasts, int64_t nv, const uint64_t *tags, int64_t n, int64_t *pos,
+                     double *loss_out, uint64_t *const *lasts_out) {
+    int64_t found = 0, lo[LOOKUP_BATCH], hi[LOOKUP_BATCH];
+    for (int64_t s = 0; s < n; s += LOOKUP_BATCH) {
+        int64_t w = n - s < LOOKUP_BATCH ? n - s : LOOKUP_BATCH;
+        for (int64_t j = 0; j < w; j++) __builtin_prefetch(&index[tags[s + j] >> shift]);
+        for (int64_t j = 0; j < w; j++) {
+            uint64_t b = tags[s + j] >> shift;
+            lo[j] = index[b];
+            hi[j] = index[b + 1];
+            __builtin_prefetch(&records[lo[j]]);
+        }
+        for (int64_t j = 0; j < w; j++) {
+            uint64_t t = tags[s + j];
+            int64_t a = lo[j], e = hi[j];
+            while (a < e && records[a] < t) a++;
+            int64_t p = (a < e && records[a] == t) ? a : -1;
+            pos[s + j] = p;
+            if (p >= 0) {
+                found++;
+                __builtin_prefetch(&loss[p]);
+                for (int64_t v = 0; v < nv; v++) __builtin_prefetch(&lasts[v][p]);
+            }
+        }
+        for (int64_t j = 0; j < w; j++) {
+            int64_t p = pos[s + j];
+            loss_out[s + j] = p >= 0 ? loss[p] : 0.0;
+            for (int64_t v = 0; v < nv; v++) lasts_out[v][s + j] = p >= 0 ? lasts[v][p] : 0;
+        }
+    }
+    return found;
+}
+
+/* panel_lookup's bucket index of the sorted `records` (m rows): index[b] = the first row whose tag >> shift is at
+ * least b, for b = 0 .. buckets (index[buckets] = m); one pass over the ledger. */
+void panel_index(const uint64_t *records, int64_t m, int shift, int64_t buckets, int64_t *index) {
+    int64_t b = 0;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t k = (int64_t)(records[i] >> shift);
+        while (b <= k) index[b++] = i;
+    }
+    while (b <= buckets) index[b++] = m;
+}

@@ -17,6 +17,7 @@ Writes are atomic (a temporary file renamed) and one release at a time holds the
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import secrets
@@ -58,27 +59,88 @@ class PanelState:
     channels: dict[str, str] = field(default_factory=dict)        # variable -> fingerprint of its last channel
     releases: int = 0
 
-    def positions(self, rtag: np.ndarray) -> np.ndarray:
-        """Each record's row in the ledger, -1 for a record never released: a sort-merge join (the tags sorted,
-        then np.searchsorted in the sorted ledger; numpy's sort is far cheaper than a hash table at 10^7)."""
-        pos = np.full(rtag.size, -1, dtype=np.int64)
-        if not self.records.size or not rtag.size:
-            return pos
-        order = np.argsort(rtag)
-        wanted = rtag[order]
-        at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
-        pos[order] = np.where(self.records[at] == wanted, at, -1)
-        return pos
+    _index: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def positions(self, rtag: np.ndarray) -> np.ndarray:
+        """Each record's row in the ledger, -1 for a record never released."""
+        return self.lookup(rtag, ())[0]
+
+    def lookup(self, rtag: np.ndarray, variables=()) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Each record's row in the ledger (-1: never released), its cumulative ε (0 when new) and, per variable of
+        `variables` the ledger has, its last released pair tag (0 when none), in one pass: the C kernel
+        `panel_lookup` (a bucket index on the tags' top bits, pram_lib/core/_fastpath.c), or its numpy twin
+        `lookup_numpy`, which gives the same arrays."""
+        from pram_lib.core import fastpath
+
+        rtag = np.ascontiguousarray(rtag, dtype=np.uint64)
+        names = [v for v in variables if v in self.last]
+        lib = fastpath.keep_uniform_kernel()
+        if lib is None or not self.records.size or not rtag.size:
+            return self.lookup_numpy(rtag, names)
+        index, shift = self.bucket_index()
+        columns = [np.ascontiguousarray(self.last[v], dtype=np.uint64) for v in names]
+        loss = np.ascontiguousarray(self.loss, dtype=np.float64)
+        records = np.ascontiguousarray(self.records, dtype=np.uint64)
+        pos, loss_out = np.empty(rtag.size, dtype=np.int64), np.empty(rtag.size)
+        lasts = {v: np.empty(rtag.size, dtype=np.uint64) for v in names}
+        pointers = (ctypes.c_void_p * max(len(names), 1))(*(c.ctypes.data for c in columns))
+        outs = (ctypes.c_void_p * max(len(names), 1))(*(a.ctypes.data for a in lasts.values()))
+        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, loss.ctypes.data, pointers, len(names),
+                            rtag.ctypes.data, rtag.size, pos.ctypes.data, loss_out.ctypes.data, outs)
+        return pos, loss_out, lasts
+
+    def lookup_numpy(self, rtag: np.ndarray, variables=()) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """`lookup` in numpy: a sort-merge join (the tags sorted, then np.searchsorted in the sorted ledger)."""
+        names = [v for v in variables if v in self.last]
+        pos = np.full(rtag.size, -1, dtype=np.int64)
+        if self.records.size and rtag.size:
+            order = np.argsort(rtag)
+            wanted = rtag[order]
+            at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
+            pos[order] = np.where(self.records[at] == wanted, at, -1)
+        known = pos >= 0
+        loss = np.zeros(rtag.size)
+        loss[known] = self.loss[pos[known]]
+        lasts = {}
+        for v in names:
+            lasts[v] = np.zeros(rtag.size, dtype=np.uint64)
+            lasts[v][known] = self.last[v][pos[known]]
+        return pos, loss, lasts
+
+    def bucket_index(self) -> tuple[np.ndarray, int]:
+        """(index, shift): index[b] is the first row whose tag >> shift is at least b, about 2^-3 as many buckets as
+        records (so a few rows each: the tags are keyed hashes, uniform on 64 bits). Made once per ledger read, by
+        the C kernel `panel_index` or numpy (np.bincount), which give the same index."""
+        from pram_lib.core import fastpath
+
+        if self._index is None:
+            bits = max(1, int(self.records.size - 1).bit_length() - 3)
+            shift = 64 - bits
+            index = np.zeros((1 << bits) + 1, dtype=np.int64)
+            lib = fastpath.keep_uniform_kernel()
+            records = np.ascontiguousarray(self.records, dtype=np.uint64)
+            if lib is None:
+                np.cumsum(np.bincount((records >> np.uint64(shift)).astype(np.intp), minlength=1 << bits),
+                          out=index[1:])
+            else:
+                lib["panel_index"](records.ctypes.data, records.size, shift, 1 << bits, index.ctypes.data)
+            self._index = (index, shift)
+        return self._index
+
+    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray,
+             last: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(whether each pair is its record's last released pair, whether it was never released for the record):
-        the record's last pair first (most records), then the sorted history for the rest (np.searchsorted)."""
+        the record's last pair first (most records; `last`, the rows' last pairs from `lookup`, when given), then
+        the sorted history for the rest (np.searchsorted)."""
         is_last = np.zeros(pair.size, dtype=bool)
-        last = self.last.get(variable)
-        if last is None or not self.records.size:
+        if variable not in self.last or not self.records.size:
             return is_last, np.ones(pair.size, dtype=bool)
         known = pos >= 0
-        is_last[known] = last[pos[known]] == pair[known]
+        if last is None:
+            last = np.zeros(pair.size, dtype=np.uint64)
+            last[known] = self.last[variable][pos[known]]
+        np.equal(last, pair, out=is_last)
+        is_last &= known
         new = ~is_last
         rest = np.flatnonzero(known & new)
         hist = self.history[variable]
@@ -228,8 +290,9 @@ class Memo:
         """The memo of the chunk of source rows start .. start + len(df)."""
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
-        pos = self.state.positions(rtag)
-        return MemoChunk(self, rid, pos, rtag, self.base + self.state.loss_of(pos), start)
+        pos, loss, lasts = self.state.lookup(rtag, self.charged)
+        loss += self.base
+        return MemoChunk(self, rid, pos, rtag, loss, start, lasts)
 
 
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
@@ -289,8 +352,10 @@ class MemoChunk:
     """A chunk's memoized randomness and its accounting, variable by variable in spec order: `admit` charges the
     records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
 
-    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray, start: int):
+    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray, start: int,
+                 lasts: dict[str, np.ndarray] | None = None):
         self.memo, self.rid, self.pos, self.rtag, self.loss, self.start = memo, rid, pos, rtag, loss, start
+        self.lasts = lasts or {}   # variable -> each row's last released pair tag (0: none), from the ledger
         self.charge = np.zeros(rid.size)
         fresh = np.flatnonzero(pos < 0)
         self.out = PanelChunk([pos], [(start + fresh, rtag[fresh])], [])
@@ -307,7 +372,7 @@ class MemoChunk:
         ok = np.ones(h.size, dtype=bool)
         if eps <= 0:   # memoized, not accounted (a noise channel spends no ε)
             return ok
-        last, new = memo.state.seen(variable, self.pos, h)
+        last, new = memo.state.seen(variable, self.pos, h, self.lasts.get(variable))
         new &= live
         ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
         paid = new & ok

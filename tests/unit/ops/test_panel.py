@@ -353,3 +353,68 @@ def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
         pd.testing.assert_frame_equal(a, b)
         assert sa == sb
     assert np.array_equal(m_loss, s_loss)
+
+
+# ---- the ledger's lookup: the C kernel (panel_lookup, panel_index) against numpy and a dict ----------------------
+def ledger(records: np.ndarray, rng, variables=("a", "b")) -> panel.PanelState:
+    records = np.unique(records.astype(np.uint64))
+    return panel.PanelState(records, rng.random(records.size),
+                            {v: rng.integers(1, 2**63, records.size, dtype=np.uint64) for v in variables},
+                            {v: np.empty(0, np.uint64) for v in variables})
+
+
+EDGE = np.array([0, 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1], dtype=np.uint64)
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 7, 64, 5000])
+def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, monkeypatch):
+    """Each tag's row, ε and last pairs: the C kernel, the numpy twin and a dict agree, on ledgers of every size
+    (empty, one row, buckets of one and of many rows), the 64-bit ends, absent and repeated tags, a variable the
+    ledger does not have; and so do the bucket indexes of C and numpy."""
+    from pram_lib.core import fastpath
+
+    assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
+    rng = np.random.default_rng(m)
+    drawn = rng.integers(0, 2**64, m, dtype=np.uint64, endpoint=False)
+    state = ledger(np.concatenate([drawn, EDGE[:min(m, 4)]]) if m else drawn, rng)
+    clustered = state.records[:1] + np.arange(3, dtype=np.uint64) if m else EDGE[:0]   # neighbours of a row
+    tags = np.concatenate([state.records, rng.integers(0, 2**64, 300, dtype=np.uint64), EDGE, clustered,
+                           state.records[::3]])
+    tags = tags[rng.permutation(tags.size)]
+    pos, loss, lasts = state.lookup(tags, ["a", "b", "new"])
+    row = {int(t): j for j, t in enumerate(state.records)}
+    want = np.array([row.get(int(t), -1) for t in tags], dtype=np.int64)
+    assert np.array_equal(pos, want)
+    at = np.maximum(want, 0)
+    assert np.array_equal(loss, np.where(want >= 0, state.loss[at] if m else 0.0, 0.0))
+    assert sorted(lasts) == ["a", "b"]
+    for v in ("a", "b"):
+        assert np.array_equal(lasts[v], np.where(want >= 0, state.last[v][at] if m else 0, 0).astype(np.uint64))
+    twin = state.lookup_numpy(tags, ["a", "b", "new"])
+    assert np.array_equal(twin[0], pos) and np.array_equal(twin[1], loss)
+    assert all(np.array_equal(twin[2][v], lasts[v]) for v in ("a", "b"))
+    if m:
+        c_index = state.bucket_index()
+        monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+        fresh = ledger(state.records, rng)
+        np_index = fresh.bucket_index()
+        assert c_index[1] == np_index[1] and np.array_equal(c_index[0], np_index[0])
+        index, shift = np_index
+        first = np.array([np.searchsorted(state.records >> np.uint64(shift), b) for b in range(index.size)])
+        assert np.array_equal(index, first)
+
+
+def test_seen_with_gathered_last_pairs_equals_seen_without():
+    """`seen` given the rows' last pairs from `lookup` decides as it does reading the ledger itself."""
+    rng = np.random.default_rng(5)
+    state = ledger(rng.integers(0, 2**64, 2000, dtype=np.uint64), rng, ("a",))
+    state.history["a"] = np.sort(rng.integers(1, 2**63, 500, dtype=np.uint64))
+    tags = np.concatenate([state.records[:1500], rng.integers(0, 2**64, 100, dtype=np.uint64)])
+    pos, _, lasts = state.lookup(tags, ["a"])
+    pair = np.where(rng.random(tags.size) < 0.5, lasts["a"], state.history["a"][rng.integers(0, 500, tags.size)])
+    pair[rng.random(tags.size) < 0.2] = rng.integers(1, 2**63, dtype=np.uint64)
+    a, b = state.seen("a", pos, pair, lasts["a"]), state.seen("a", pos, pair)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    known = pos >= 0
+    assert np.array_equal(a[0], known & (lasts["a"] == pair))
+    assert np.array_equal(a[1], ~a[0] & ~(known & np.isin(pair, state.history["a"])))
