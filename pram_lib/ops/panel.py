@@ -7,7 +7,7 @@ uniform from a keyed pseudorandom function of (secret, record, variable, channel
 (pram_lib.core.memo), so a record whose value did not change is released identically every time, and a changed
 value gets its own permanent draw.
 
-The per-record ledger (`records.npz` beside the secret) keeps, per record, keyed hashes only: the record's tag,
+The per-record ledger (`records.npy` beside the secret) keeps, per record, keyed hashes only: the record's tag,
 its cumulative ε, and per variable the pair tag (record, value) last released and every pair tag released
 before. A record pays a variable's ε once per distinct value released for it; a record whose next new value
 would pass the population's cap has that variable released as missing (it pays nothing more).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import json
 import os
 import secrets
 from contextlib import contextmanager
@@ -32,7 +33,8 @@ import pandas as pd
 from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
-SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npz", "lock"
+SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npy", "lock"
+LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw format (read, then replaced)
 SECRET_BYTES = 32
 ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
 RECORD_TAG = tag_of("record")
@@ -167,7 +169,7 @@ class PanelStore:
         a population never released gets a throwaway one (its ledger is empty: nothing depends on it)."""
         path = self.folder / SECRET_FILE
         if not create and not path.exists():
-            if (self.folder / STATE_FILE).exists():
+            if (self.folder / STATE_FILE).exists() or (self.folder / LEGACY_STATE_FILE).exists():
                 raise PanelError(f"{path}: the population's secret is missing beside its ledger; restore it from "
                                  "the private store's backup, or release under a new population key")
             return secrets.token_bytes(SECRET_BYTES)
@@ -188,7 +190,7 @@ class PanelStore:
         return path.read_bytes()
 
     def exists(self) -> bool:
-        return (self.folder / STATE_FILE).is_file() or (self.folder / SECRET_FILE).is_file()
+        return any((self.folder / f).is_file() for f in (STATE_FILE, LEGACY_STATE_FILE, SECRET_FILE))
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -204,7 +206,30 @@ class PanelStore:
     def load(self) -> PanelState:
         path = self.folder / STATE_FILE
         if not path.is_file():
-            return PanelState()
+            return self._load_npz(self.folder / LEGACY_STATE_FILE) if (self.folder / LEGACY_STATE_FILE).is_file() \
+                else PanelState()
+        try:
+            arrays = read_ledger(path)
+            head = json.loads(arrays.pop("header").item())
+            names, channels = list(head["variables"]), list(head["channels"])
+            if head.get("format") != LEDGER_FORMAT or len(channels) != len(names):
+                raise ValueError("not a per-record ledger of this version")
+            records, loss = arrays["records"], arrays["loss"]
+            state = PanelState(records, loss, {n: arrays[f"last_{j}"] for j, n in enumerate(names)},
+                               {n: arrays[f"history_{j}"] for j, n in enumerate(names)},
+                               dict(zip(names, map(str, channels))), int(head["releases"]))
+            if records.dtype != np.uint64 or loss.dtype != np.float64 or loss.size != records.size or \
+                    any(v.size != records.size or v.dtype != np.uint64 for v in state.last.values()):
+                raise ValueError("its arrays do not match")
+            if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
+                raise ValueError("its records are not sorted")
+            return state
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+            raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
+                             "store's backup (releasing without it would charge every record afresh)") from None
+
+    def _load_npz(self, path: Path) -> PanelState:
+        """The ledger as releases before its raw format wrote it (a zip of .npy files); the next save replaces it."""
         try:
             with np.load(path, allow_pickle=False) as z:
                 names = [str(n) for n in z["variables"]]
@@ -218,19 +243,40 @@ class PanelStore:
                              "store's backup (releasing without it would charge every record afresh)") from None
 
     def save(self, state: PanelState) -> None:
-        """Atomically: a temporary file, fsync'd, renamed over the old one."""
+        """Atomically: a temporary file, fsync'd, renamed over the old one. The file is .npy arrays one after the
+        other (np.save to one open file; np.load reads them back in turn): a JSON header, then records, loss, and
+        per variable its last pairs and history, written straight from memory (no zip, no copy)."""
         names = sorted(state.last)
-        arrays = {"records": state.records, "loss": state.loss, "variables": np.array(names, dtype=str),
-                  "channels": np.array([state.channels.get(n, "") for n in names], dtype=str),
-                  "releases": np.array(state.releases)}
+        header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
+                  "releases": int(state.releases)}
+        arrays = [("header", np.array(json.dumps(header))), ("records", state.records), ("loss", state.loss)]
         for j, n in enumerate(names):
-            arrays[f"last_{j}"], arrays[f"history_{j}"] = state.last[n], state.history[n]
+            arrays += [(f"last_{j}", state.last[n]), (f"history_{j}", state.history[n])]
         tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:   # owner only
-            np.savez(f, **arrays)
+            for _, a in arrays:
+                np.save(f, np.ascontiguousarray(a), allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.folder / STATE_FILE)
+        (self.folder / LEGACY_STATE_FILE).unlink(missing_ok=True)
+
+
+LEDGER_FORMAT = "pram-release per-record ledger 2"
+LEDGER_ARRAYS = ("header", "records", "loss")   # then last_j, history_j per variable
+
+
+def read_ledger(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a ledger file by name (np.load in turn, no pickles)."""
+    out = {}
+    with open(path, "rb") as f:
+        out["header"] = np.load(f, allow_pickle=False)
+        names = json.loads(out["header"].item())["variables"]
+        for name in LEDGER_ARRAYS[1:] + tuple(f"{k}_{j}" for j in range(len(names)) for k in ("last", "history")):
+            out[name] = np.load(f, allow_pickle=False)
+        if f.read(1):
+            raise ValueError("it has bytes after its last array")
+    return out
 
 
 Sparse = tuple[np.ndarray, np.ndarray]   # (rows of the release, values)
@@ -248,12 +294,15 @@ class PanelChunk:
     pairs: dict[str, list[Sparse]] = field(default_factory=dict)
     changed: dict[str, int] = field(default_factory=dict)   # records released before that paid for a new value
     blocked: dict[str, int] = field(default_factory=dict)
+    largest_loss: float = 0.0   # the largest cumulative ε of a record after this release
+    at_cap: int = 0             # the records whose next new value would pass the cap
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
         return PanelChunk(self.pos + other.pos, self.fresh + other.fresh, self.charge + other.charge,
                           {v: p + other.pairs[v] for v, p in self.pairs.items()},
                           {v: n + other.changed.get(v, 0) for v, n in self.changed.items()},
-                          {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()})
+                          {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()},
+                          max(self.largest_loss, other.largest_loss), self.at_cap + other.at_cap)
 
 
 def _joined(parts: list[Sparse], dtype) -> Sparse:
@@ -290,57 +339,76 @@ class Memo:
         """The memo of the chunk of source rows start .. start + len(df)."""
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
-        pos, loss, lasts = self.state.lookup(rtag, self.charged)
-        loss += self.base
-        return MemoChunk(self, rid, pos, rtag, loss, start, lasts)
+        pos, ledger_loss, lasts = self.state.lookup(rtag, self.charged)
+        return MemoChunk(self, rid, pos, rtag, ledger_loss, start, lasts)
 
 
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
-        """The ledger after this release, and its summary (counts only)."""
+        """The ledger after this release, and its summary (counts only). The newcomers are inserted where they sort
+        (np.searchsorted in the ledger, then one np.insert per array: a copy, no sort of the ledger); only
+        the rows that paid or released a new value are then updated."""
         old = self.state
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
-        twice = int((np.bincount(pos[pos >= 0], minlength=old.records.size) > 1).sum()) if old.records.size else 0
+        known = pos[pos >= 0]
+        hit = np.zeros(old.records.size, dtype=bool)
+        hit[known] = True
+        twice = known.size - int(np.count_nonzero(hit))
+        del hit, known
         rank = np.argsort(fresh_tags)
         newcomers = fresh_tags[rank]
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
                              "it is a statistic of the source): a longitudinal release has one row per person")
-        # the ledger stays sorted by tag: merge the newcomers in (two sorted runs; the stable sort merges them)
-        merged = np.concatenate([old.records, newcomers])
-        order = np.argsort(merged, kind="stable")
-        where = np.empty(order.size, dtype=np.int64)
-        where[order] = np.arange(order.size)          # old row (then newcomer rank) -> new row
-        known = pos >= 0
-        pos[known] = where[pos[known]]
-        fresh_at = np.empty(rank.size, dtype=np.int64)
-        fresh_at[rank] = where[old.records.size + np.arange(rank.size)]
-        pos[fresh_rows] = fresh_at
-        n = merged.size
-        records = merged[order]
-        loss = np.concatenate([old.loss, np.zeros(fresh_rows.size)])[order]
+        ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
+        fresh_at = np.empty(rank.size, dtype=np.int64)   # its new row, by its place in fresh_rows
+        fresh_at[rank] = ins + np.arange(rank.size)
+        by_row = None
+        if fresh_rows.size > 1 and not bool(np.all(fresh_rows[1:] > fresh_rows[:-1])):
+            by_row = np.argsort(fresh_rows)
+            fresh_rows, fresh_at = fresh_rows[by_row], fresh_at[by_row]
+
+        m, n = old.records.size, old.records.size + ins.size
+        # an old row's new row: itself plus the newcomers inserted before it (a prefix count, made once)
+        moved_by = np.cumsum(np.bincount(ins, minlength=m + 1)[:m]) if ins.size and m else None
+        old_at = None if moved_by is None else np.arange(m) + moved_by
+
+        def new_rows(rows: np.ndarray) -> np.ndarray:
+            """The rows of the new ledger of the release's rows `rows`."""
+            at = pos[rows]
+            if ins.size:
+                fresh = at < 0
+                if old_at is not None:
+                    at[~fresh] = old_at[at[~fresh]]
+                at[fresh] = fresh_at[np.searchsorted(fresh_rows, rows[fresh])]
+            return at
+
+        def grown(a: np.ndarray | None, fill, dtype) -> np.ndarray:
+            if a is None or not m:
+                return np.full(n, fill, dtype=dtype)
+            return np.insert(a, ins, fill) if ins.size else a.copy()
+
+        records = np.insert(old.records, ins, newcomers) if ins.size else old.records
+        loss = grown(old.loss, 0.0, np.float64)
         paid_rows, paid = _joined(chunks.charge, np.float64)
-        loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
+        loss[new_rows(paid_rows)] += paid   # a record is one row: no repeated index
         last, history = {}, {}
         for v in self.charged:
-            lv = np.concatenate([old.last[v], np.zeros(fresh_rows.size, dtype=np.uint64)])[order] if v in old.last \
-                else np.zeros(n, dtype=np.uint64)
+            lv = grown(old.last.get(v), 0, np.uint64)
             rows, pair = _joined(chunks.pairs[v], np.uint64)
-            at = pos[rows]
+            at = new_rows(rows)
             replaced = lv[at]
             lv[at] = pair
             last[v] = lv
-            added = np.sort(replaced[replaced != 0])      # then two sorted runs, which the stable sort merges
-            history[v] = np.sort(np.concatenate([old.history[v], added]), kind="stable") if v in old.history else added
+            added = np.sort(replaced[replaced != 0])
+            before = old.history.get(v)
+            history[v] = added if before is None else np.insert(before, np.searchsorted(before, added), added)
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
-        smallest = min((e for e in self.epsilon.values() if e > 0), default=0.0)
-        total = self.base + loss[pos]
         summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
                    "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),
                    "largest_charge": float(paid.max()) if paid.size else 0.0,
-                   "at_cap": int((total + smallest > self.cap + ROUNDING).sum()) if smallest else 0,
-                   "largest_loss": float(total.max()) if pos.size else 0.0, "cap": self.cap,
+                   "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if pos.size else 0.0, "cap": self.cap,
                    "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                    "channel_changed": sorted(v for v, fp in self.fingerprints.items()
                                              if v in old.channels and old.channels[v] != fp),
@@ -352,9 +420,11 @@ class MemoChunk:
     """A chunk's memoized randomness and its accounting, variable by variable in spec order: `admit` charges the
     records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
 
-    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray, start: int,
-                 lasts: dict[str, np.ndarray] | None = None):
-        self.memo, self.rid, self.pos, self.rtag, self.loss, self.start = memo, rid, pos, rtag, loss, start
+    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, ledger_loss: np.ndarray,
+                 start: int, lasts: dict[str, np.ndarray] | None = None):
+        self.memo, self.rid, self.pos, self.rtag, self.start = memo, rid, pos, rtag, start
+        self.ledger_loss = ledger_loss     # each row's cumulative ε in the ledger read (0: a newcomer)
+        self.loss = memo.base + ledger_loss
         self.lasts = lasts or {}   # variable -> each row's last released pair tag (0: none), from the ledger
         self.charge = np.zeros(rid.size)
         fresh = np.flatnonzero(pos < 0)
@@ -388,6 +458,11 @@ class MemoChunk:
         """The chunk's accounting, once every variable is admitted."""
         paid = np.flatnonzero(self.charge)
         self.out.charge = [(self.start + paid, self.charge[paid])]
+        if self.rid.size:   # as the ledger will hold it: its ε before, plus this release's charges
+            total = self.memo.base + (self.ledger_loss + self.charge)
+            smallest = min((e for e in self.memo.epsilon.values() if e > 0), default=0.0)
+            self.out.largest_loss = float(total.max())
+            self.out.at_cap = int((total + smallest > self.memo.cap + ROUNDING).sum()) if smallest else 0
         return self.out
 
     def uniforms(self, variable: str, part: int = 0) -> np.ndarray:

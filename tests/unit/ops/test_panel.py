@@ -168,8 +168,8 @@ def test_the_private_store_holds_no_raw_key_or_value(tmp_path):
         assert int(k).to_bytes(8, "little") not in blob and str(k).encode() not in blob
     for label in ("blue", "green", "north", "south"):
         assert label.encode() not in blob
-    with np.load(folder / panel.STATE_FILE) as z:
-        ints = np.concatenate([z[n].view(np.int64).ravel() for n in z.files if z[n].dtype.kind in "iu"])
+    z = panel.read_ledger(folder / panel.STATE_FILE)
+    ints = np.concatenate([a.view(np.int64).ravel() for a in z.values() if a.dtype.kind in "iu"])
     assert not np.isin(keys, ints).any()
     assert not np.isin(np.round(df["score"].to_numpy(), 1).view(np.int64), ints).any()
 
@@ -418,3 +418,46 @@ def test_seen_with_gathered_last_pairs_equals_seen_without():
     known = pos >= 0
     assert np.array_equal(a[0], known & (lasts["a"] == pair))
     assert np.array_equal(a[1], ~a[0] & ~(known & np.isin(pair, state.history["a"])))
+
+
+def test_the_ledger_file_round_trips_owner_only_and_a_damaged_one_is_refused(tmp_path):
+    """records.npy: .npy arrays in turn (np.load reads them back exactly), mode 0600; cut short, or with bytes after
+    its last array, it is refused with the file named and the fix."""
+    rng = np.random.default_rng(8)
+    state = ledger(rng.integers(0, 2**64, 1000, dtype=np.uint64), rng, ("b", "a"))
+    state.history["a"] = np.sort(rng.integers(1, 2**63, 30, dtype=np.uint64))
+    state.channels, state.releases = {"a": "fa", "b": "fb"}, 4
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    store.save(state)
+    path = store.folder / panel.STATE_FILE
+    assert path.stat().st_mode & 0o777 == 0o600 and not list(store.folder.glob(".*tmp"))
+    back = store.load()
+    assert np.array_equal(back.records, state.records) and np.array_equal(back.loss, state.loss)
+    assert back.channels == state.channels and back.releases == 4
+    for v in ("a", "b"):
+        assert np.array_equal(back.last[v], state.last[v]) and np.array_equal(back.history[v], state.history[v])
+    whole = path.read_bytes()
+    for damaged in (whole[:-9], whole + b"\0"):
+        path.write_bytes(damaged)
+        with pytest.raises(panel.PanelError, match=r"records\.npy: the per-record ledger cannot be read.*restore"):
+            store.load()
+
+
+def test_a_ledger_in_the_former_zip_format_is_read_and_replaced(tmp_path):
+    """A population whose ledger an earlier version wrote (records.npz) releases on: it is read as it was, and the
+    next save writes records.npy and removes it (one ledger, never two)."""
+    rng = np.random.default_rng(9)
+    state = ledger(rng.integers(0, 2**64, 500, dtype=np.uint64), rng, ("a",))
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    np.savez(store.folder / panel.LEGACY_STATE_FILE, records=state.records, loss=state.loss,
+             variables=np.array(["a"]), channels=np.array(["fa"]), releases=np.array(3),
+             last_0=state.last["a"], history_0=state.history["a"])
+    assert store.exists()
+    back = store.load()
+    assert np.array_equal(back.records, state.records) and np.array_equal(back.last["a"], state.last["a"])
+    assert back.channels == {"a": "fa"} and back.releases == 3
+    store.save(back)
+    assert sorted(p.name for p in store.folder.iterdir()) == [panel.STATE_FILE]
+    assert np.array_equal(store.load().loss, state.loss)
