@@ -30,6 +30,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from pram_lib.channels.gamma_law import sample_keyed
 from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
@@ -38,6 +39,7 @@ LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw forma
 SECRET_BYTES = 32
 ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
 RECORD_TAG = tag_of("record")
+GAMMA_TAG = tag_of("draw", "two-sided gamma", 2)   # the stream of sample_keyed (2: its second sampler)
 
 
 class PanelError(ValueError):
@@ -355,49 +357,35 @@ class Memo:
         hit[known] = True
         twice = known.size - int(np.count_nonzero(hit))
         del hit, known
-        rank = np.argsort(fresh_tags)
-        newcomers = fresh_tags[rank]
+        newcomers = np.sort(fresh_tags)
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
                              "it is a statistic of the source): a longitudinal release has one row per person")
         ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
-        fresh_at = np.empty(rank.size, dtype=np.int64)   # its new row, by its place in fresh_rows
-        fresh_at[rank] = ins + np.arange(rank.size)
-        by_row = None
-        if fresh_rows.size > 1 and not bool(np.all(fresh_rows[1:] > fresh_rows[:-1])):
-            by_row = np.argsort(fresh_rows)
-            fresh_rows, fresh_at = fresh_rows[by_row], fresh_at[by_row]
-
         m, n = old.records.size, old.records.size + ins.size
-        # an old row's new row: itself plus the newcomers inserted before it (a prefix count, made once)
-        moved_by = np.cumsum(np.bincount(ins, minlength=m + 1)[:m]) if ins.size and m else None
-        old_at = None if moved_by is None else np.arange(m) + moved_by
-
-        def new_rows(rows: np.ndarray) -> np.ndarray:
-            """The rows of the new ledger of the release's rows `rows`."""
-            at = pos[rows]
-            if ins.size:
-                fresh = at < 0
-                if old_at is not None:
-                    at[~fresh] = old_at[at[~fresh]]
-                at[fresh] = fresh_at[np.searchsorted(fresh_rows, rows[fresh])]
-            return at
+        records = np.insert(old.records, ins, newcomers) if ins.size else old.records
+        if ins.size:   # every row's record in the new ledger
+            if m:      # an old row moves down by the newcomers inserted before it (a prefix count)
+                moved_by = np.cumsum(np.bincount(ins, minlength=m + 1)[:m])
+                known = np.flatnonzero(pos >= 0)
+                pos[known] += moved_by[pos[known]]
+                del moved_by, known
+            pos[fresh_rows] = PanelState(records).positions(fresh_tags)
 
         def grown(a: np.ndarray | None, fill, dtype) -> np.ndarray:
             if a is None or not m:
                 return np.full(n, fill, dtype=dtype)
             return np.insert(a, ins, fill) if ins.size else a.copy()
 
-        records = np.insert(old.records, ins, newcomers) if ins.size else old.records
         loss = grown(old.loss, 0.0, np.float64)
         paid_rows, paid = _joined(chunks.charge, np.float64)
-        loss[new_rows(paid_rows)] += paid   # a record is one row: no repeated index
+        loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
         for v in self.charged:
             lv = grown(old.last.get(v), 0, np.uint64)
             rows, pair = _joined(chunks.pairs[v], np.uint64)
-            at = new_rows(rows)
+            at = pos[rows]
             replaced = lv[at]
             lv[at] = pair
             last[v] = lv
@@ -427,7 +415,8 @@ class MemoChunk:
         self.loss = memo.base + ledger_loss
         self.lasts = lasts or {}   # variable -> each row's last released pair tag (0: none), from the ledger
         self.charge = np.zeros(rid.size)
-        fresh = np.flatnonzero(pos < 0)
+        self.known = pos >= 0
+        fresh = np.flatnonzero(~self.known)
         self.out = PanelChunk([pos], [(start + fresh, rtag[fresh])], [])
         self._hash: dict[str, np.ndarray] = {}
 
@@ -444,14 +433,15 @@ class MemoChunk:
             return ok
         last, new = memo.state.seen(variable, self.pos, h, self.lasts.get(variable))
         new &= live
-        ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
+        ok = self.loss + eps <= memo.cap + ROUNDING
+        ok |= ~new
         paid = new & ok
-        self.loss[paid] += eps
-        self.charge[paid] += eps
+        np.add(self.loss, eps, out=self.loss, where=paid)
+        np.add(self.charge, eps, out=self.charge, where=paid)
         moved = np.flatnonzero(live & ok & ~last)      # the pairs that become the record's last
         self.out.pairs[variable] = [(self.start + moved, h[moved])]
-        self.out.changed[variable] = int((paid & (self.pos >= 0)).sum())
-        self.out.blocked[variable] = int((~ok).sum())
+        self.out.changed[variable] = int(np.count_nonzero(paid & self.known))
+        self.out.blocked[variable] = ok.size - int(np.count_nonzero(ok))
         return ok
 
     def finish(self) -> PanelChunk:
@@ -473,11 +463,10 @@ class MemoChunk:
             return hash_to_uniform(h)
         return self.memo.prf.uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
 
-    def open_uniforms(self, variable: str, part: int, rows: np.ndarray | None = None) -> np.ndarray:
-        """The `part`-th permanent uniform in (0, 1) of `rows` (all rows when None), for samplers that invert
-        or take logarithms."""
-        h = self._hash[variable] if rows is None else self._hash[variable][rows]
-        return self.memo.prf.open_uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
+    def gamma_noise(self, variable: str, theta: float, eta: float) -> np.ndarray:
+        """Each row's permanent two-sided Gamma(ϑ, η) noise for `variable`: drawn from keyed uniforms of its pair
+        hash (pram_lib.channels.gamma_law.sample_keyed), so an unchanged value gets the same noise every release."""
+        return sample_keyed(theta, eta, self.memo.prf, self._hash[variable], GAMMA_TAG)
 
     def panel_ids(self) -> np.ndarray:
         """The released pseudonym of each row: the top 53 bits of the record's keyed tag, an int64 that every format
