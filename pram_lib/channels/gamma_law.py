@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from pram_lib.core.memo import tag_of
+
 __all__ = ["TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample", "moments", "smoothness_bounds",
            "ghatak_roy_scale"]
 
@@ -85,6 +87,9 @@ def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.
     return np.where(s == 1, g, -g)
 
 
+KEYED_TAG = tag_of("draw", "two-sided gamma", 2)   # sample_keyed's stream of uniforms (2: the memo's second sampler)
+
+
 def _keyed_constants(theta: float) -> tuple[float, float, float, float]:
     """(d, c, boost, 2π) of `sample_keyed`: Marsaglia & Tsang's constants for shape a = ϑ (ϑ + 1 when ϑ < 1), and
     the exponent 1/ϑ of the boost U^(1/ϑ) (0: none)."""
@@ -93,7 +98,7 @@ def _keyed_constants(theta: float) -> tuple[float, float, float, float]:
     return d, 1.0 / math.sqrt(9.0 * d), 1.0 / theta if theta < 1.0 else 0.0, 2.0 * math.pi
 
 
-def sample_keyed(theta: float, eta: float, prf, h: np.ndarray, tag: int) -> np.ndarray:
+def sample_keyed(theta: float, eta: float, prf, h: np.ndarray, tag: int = KEYED_TAG) -> np.ndarray:
     """One draw of the law of `sample` per keyed hash `h` (a longitudinal release's memoized noise: the same hash,
     the same draw), from the uniforms of `prf` (a pram_lib.core.memo.KeyedPrf) of (h, tag, j), j = 0, 1, ...:
     Marsaglia & Tsang's method (shape a = ϑ + 1 when ϑ < 1, then G·U^(1/ϑ)), its normals by Box–Muller, attempts
@@ -104,7 +109,7 @@ def sample_keyed(theta: float, eta: float, prf, h: np.ndarray, tag: int) -> np.n
     return sample_keyed_numpy(theta, eta, prf, h, tag) if out is None else out
 
 
-def sample_keyed_numpy(theta: float, eta: float, prf, h: np.ndarray, tag: int) -> np.ndarray:
+def sample_keyed_numpy(theta: float, eta: float, prf, h: np.ndarray, tag: int = KEYED_TAG) -> np.ndarray:
     """`sample_keyed` in numpy, attempt after attempt over the rows still rejected: the C kernel's expressions in
     its order (attempts 2m and 2m+1 take the cosine and sine normals of the Box–Muller pair u(1+4m), u(2+4m), and
     u(3+4m), u(4+4m) to accept; the squeeze 1 - 0.0331x⁴ before the logarithms; the sign from the lowest bit of

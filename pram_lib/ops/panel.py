@@ -30,7 +30,6 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from pram_lib.channels.gamma_law import sample_keyed
 from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
@@ -39,7 +38,6 @@ LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw forma
 SECRET_BYTES = 32
 ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
 RECORD_TAG = tag_of("record")
-GAMMA_TAG = tag_of("draw", "two-sided gamma", 2)   # the stream of sample_keyed (2: its second sampler)
 
 
 class PanelError(ValueError):
@@ -82,14 +80,18 @@ class PanelState:
         if lib is None or not self.records.size or not rtag.size:
             return self.lookup_numpy(rtag, names)
         index, shift = self.bucket_index()
-        columns = [np.ascontiguousarray(self.last[v], dtype=np.uint64) for v in names]
+        columns = [self.last[v] if self.last[v].dtype == np.uint64 and self.last[v].ndim == 1 and
+                   self.last[v].strides[0] % 8 == 0 else np.ascontiguousarray(self.last[v], dtype=np.uint64)
+                   for v in names]   # a column of the row-major table as it is (no copy)
+        strides = np.array([c.strides[0] // 8 for c in columns] or [1], dtype=np.int64)
         loss = np.ascontiguousarray(self.loss, dtype=np.float64)
         records = np.ascontiguousarray(self.records, dtype=np.uint64)
         pos, loss_out = np.empty(rtag.size, dtype=np.int64), np.empty(rtag.size)
         lasts = {v: np.empty(rtag.size, dtype=np.uint64) for v in names}
         pointers = (ctypes.c_void_p * max(len(names), 1))(*(c.ctypes.data for c in columns))
         outs = (ctypes.c_void_p * max(len(names), 1))(*(a.ctypes.data for a in lasts.values()))
-        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, loss.ctypes.data, pointers, len(names),
+        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, loss.ctypes.data, pointers,
+                            strides.ctypes.data, len(names),
                             rtag.ctypes.data, rtag.size, pos.ctypes.data, loss_out.ctypes.data, outs)
         return pos, loss_out, lasts
 
@@ -216,12 +218,13 @@ class PanelStore:
             names, channels = list(head["variables"]), list(head["channels"])
             if head.get("format") != LEDGER_FORMAT or len(channels) != len(names):
                 raise ValueError("not a per-record ledger of this version")
-            records, loss = arrays["records"], arrays["loss"]
-            state = PanelState(records, loss, {n: arrays[f"last_{j}"] for j, n in enumerate(names)},
+            records, loss, table = arrays["records"], arrays["loss"], arrays["lasts"]
+            if table.shape != (records.size, len(names)) or table.dtype != np.uint64 or not table.flags.c_contiguous:
+                raise ValueError("its table of last pairs does not match")
+            state = PanelState(records, loss, {n: table[:, j] for j, n in enumerate(names)},
                                {n: arrays[f"history_{j}"] for j, n in enumerate(names)},
                                dict(zip(names, map(str, channels))), int(head["releases"]))
-            if records.dtype != np.uint64 or loss.dtype != np.float64 or loss.size != records.size or \
-                    any(v.size != records.size or v.dtype != np.uint64 for v in state.last.values()):
+            if records.dtype != np.uint64 or loss.dtype != np.float64 or loss.size != records.size:
                 raise ValueError("its arrays do not match")
             if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
                 raise ValueError("its records are not sorted")
@@ -246,14 +249,14 @@ class PanelStore:
 
     def save(self, state: PanelState) -> None:
         """Atomically: a temporary file, fsync'd, renamed over the old one. The file is .npy arrays one after the
-        other (np.save to one open file; np.load reads them back in turn): a JSON header, then records, loss, and
-        per variable its last pairs and history, written straight from memory (no zip, no copy)."""
-        names = sorted(state.last)
+        other (np.save to one open file; np.load reads them back in turn): a JSON header, records, loss, the last
+        pairs (one row per record, one column per variable), then each variable's history; written straight from
+        memory (no zip, no copy)."""
+        names, table = last_pair_table(state)
         header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
                   "releases": int(state.releases)}
-        arrays = [("header", np.array(json.dumps(header))), ("records", state.records), ("loss", state.loss)]
-        for j, n in enumerate(names):
-            arrays += [(f"last_{j}", state.last[n]), (f"history_{j}", state.history[n])]
+        arrays = [("header", np.array(json.dumps(header))), ("records", state.records), ("loss", state.loss),
+                  ("lasts", table)] + [(f"history_{j}", state.history[n]) for j, n in enumerate(names)]
         tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:   # owner only
             for _, a in arrays:
@@ -264,8 +267,21 @@ class PanelStore:
         (self.folder / LEGACY_STATE_FILE).unlink(missing_ok=True)
 
 
-LEDGER_FORMAT = "pram-release per-record ledger 2"
-LEDGER_ARRAYS = ("header", "records", "loss")   # then last_j, history_j per variable
+LEDGER_FORMAT = "pram-release per-record ledger 2"   # 1: records.npz
+LEDGER_ARRAYS = ("header", "records", "loss", "lasts")   # then history_j per variable
+
+
+def last_pair_table(state: PanelState) -> tuple[list[str], np.ndarray]:
+    """(variables, table): the ledger's last pairs as one row-major uint64 table, a column per variable; the table
+    `settled` made when the state's columns are its columns (no copy), else stacked."""
+    names = list(state.last)
+    cols = [state.last[v] for v in names]
+    base = cols[0].base if cols else None
+    if isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[1] == len(cols) and base.dtype == np.uint64 \
+            and base.flags.c_contiguous and all(c.base is base and c.strides == (8 * len(cols),) and
+                                                c.ctypes.data == base.ctypes.data + 8 * j for j, c in enumerate(cols)):
+        return names, base
+    return names, np.stack(cols, axis=1) if cols else np.empty((state.records.size, 0), dtype=np.uint64)
 
 
 def read_ledger(path: Path) -> dict[str, np.ndarray]:
@@ -274,7 +290,7 @@ def read_ledger(path: Path) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         out["header"] = np.load(f, allow_pickle=False)
         names = json.loads(out["header"].item())["variables"]
-        for name in LEDGER_ARRAYS[1:] + tuple(f"{k}_{j}" for j in range(len(names)) for k in ("last", "history")):
+        for name in LEDGER_ARRAYS[1:] + tuple(f"history_{j}" for j in range(len(names))):
             out[name] = np.load(f, allow_pickle=False)
         if f.read(1):
             raise ValueError("it has bytes after its last array")
@@ -382,8 +398,12 @@ class Memo:
         paid_rows, paid = _joined(chunks.charge, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
-        for v in self.charged:
-            lv = grown(old.last.get(v), 0, np.uint64)
+        table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
+        for j, v in enumerate(self.charged):
+            lv = table[:, j]
+            before = old.last.get(v)
+            if before is not None and m:
+                lv[:] = np.insert(before, ins, 0) if ins.size else before
             rows, pair = _joined(chunks.pairs[v], np.uint64)
             at = pos[rows]
             replaced = lv[at]
@@ -463,10 +483,10 @@ class MemoChunk:
             return hash_to_uniform(h)
         return self.memo.prf.uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
 
-    def gamma_noise(self, variable: str, theta: float, eta: float) -> np.ndarray:
-        """Each row's permanent two-sided Gamma(ϑ, η) noise for `variable`: drawn from keyed uniforms of its pair
-        hash (pram_lib.channels.gamma_law.sample_keyed), so an unchanged value gets the same noise every release."""
-        return sample_keyed(theta, eta, self.memo.prf, self._hash[variable], GAMMA_TAG)
+    def keyed(self, variable: str) -> tuple[KeyedPrf, np.ndarray]:
+        """The population's PRF and each row's pair hash for `variable`, for a sampler that draws its own keyed
+        uniforms from them (the memoized Gamma noise: pram_lib.channels.gamma_law.sample_keyed)."""
+        return self.memo.prf, self._hash[variable]
 
     def panel_ids(self) -> np.ndarray:
         """The released pseudonym of each row: the top 53 bits of the record's keyed tag, an int64 that every format

@@ -321,7 +321,7 @@ def test_memoized_noise_has_the_two_sided_gamma_law(theta):
     assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
     n = 200_000
     h = KeyedPrf(b"a fixed secret for the KS test").hashes(np.arange(n), 1, 0)
-    y = sample_keyed(theta, 2.0, KeyedPrf(bytes(range(16))), h, panel.GAMMA_TAG)
+    y = sample_keyed(theta, 2.0, KeyedPrf(bytes(range(16))), h)
     assert stats.kstest(y, TwoSidedGamma(theta, 2.0).cdf).pvalue > 1e-3
     m = moments(theta, 2.0)
     assert abs(np.abs(y).mean() - m["abs_mean"]) < 5 * math.sqrt((m["var"] - m["abs_mean"] ** 2) / n)
@@ -399,18 +399,21 @@ def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
 
 
 # ---- the ledger's lookup: the C kernel (panel_lookup, panel_index) against numpy and a dict ----------------------
-def ledger(records: np.ndarray, rng, variables=("a", "b")) -> panel.PanelState:
+def ledger(records: np.ndarray, rng, variables=("a", "b"), table: bool = False) -> panel.PanelState:
+    """A ledger of random loss and last pairs: separate arrays, or the columns of one row-major table (as saved)."""
     records = np.unique(records.astype(np.uint64))
+    lasts = rng.integers(1, 2**63, (records.size, len(variables)), dtype=np.uint64)
     return panel.PanelState(records, rng.random(records.size),
-                            {v: rng.integers(1, 2**63, records.size, dtype=np.uint64) for v in variables},
+                            {v: lasts[:, j] if table else lasts[:, j].copy() for j, v in enumerate(variables)},
                             {v: np.empty(0, np.uint64) for v in variables})
 
 
 EDGE = np.array([0, 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1], dtype=np.uint64)
 
 
+@pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("m", [0, 1, 2, 7, 64, 5000])
-def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, monkeypatch):
+def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, monkeypatch):
     """Each tag's row, ε and last pairs: the C kernel, the numpy twin and a dict agree, on ledgers of every size
     (empty, one row, buckets of one and of many rows), the 64-bit ends, absent and repeated tags, a variable the
     ledger does not have; and so do the bucket indexes of C and numpy."""
@@ -419,7 +422,7 @@ def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, monkeypatch):
     assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
     rng = np.random.default_rng(m)
     drawn = rng.integers(0, 2**64, m, dtype=np.uint64, endpoint=False)
-    state = ledger(np.concatenate([drawn, EDGE[:min(m, 4)]]) if m else drawn, rng)
+    state = ledger(np.concatenate([drawn, EDGE[:min(m, 4)]]) if m else drawn, rng, table=table)
     clustered = state.records[:1] + np.arange(3, dtype=np.uint64) if m else EDGE[:0]   # neighbours of a row
     tags = np.concatenate([state.records, rng.integers(0, 2**64, 300, dtype=np.uint64), EDGE, clustered,
                            state.records[::3]])
@@ -478,6 +481,10 @@ def test_the_ledger_file_round_trips_owner_only_and_a_damaged_one_is_refused(tmp
     back = store.load()
     assert np.array_equal(back.records, state.records) and np.array_equal(back.loss, state.loss)
     assert back.channels == state.channels and back.releases == 4
+    assert panel.last_pair_table(back)[1].shape == (1000, 2)    # read as one row-major table, a column per variable
+    tags = np.concatenate([state.records[::7], rng.integers(0, 2**64, 50, dtype=np.uint64)])
+    got, want = back.lookup(tags, ["a", "b"]), state.lookup_numpy(tags, ["a", "b"])
+    assert np.array_equal(got[0], want[0]) and all(np.array_equal(got[2][v], want[2][v]) for v in "ab")
     for v in ("a", "b"):
         assert np.array_equal(back.last[v], state.last[v]) and np.array_equal(back.history[v], state.history[v])
     whole = path.read_bytes()
