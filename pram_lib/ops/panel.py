@@ -368,11 +368,13 @@ class Memo:
         old = self.state
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
-        known = pos[pos >= 0]
-        hit = np.zeros(old.records.size, dtype=bool)
-        hit[known] = True
-        twice = known.size - int(np.count_nonzero(hit))
-        del hit, known
+        twice = 0
+        if old.records.size:
+            known = pos[pos >= 0]
+            hit = np.zeros(old.records.size, dtype=bool)
+            hit[known] = True
+            twice = known.size - int(np.count_nonzero(hit))
+            del hit, known
         newcomers = np.sort(fresh_tags)
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
@@ -406,7 +408,7 @@ class Memo:
                 lv[:] = np.insert(before, ins, 0) if ins.size else before
             rows, pair = _joined(chunks.pairs[v], np.uint64)
             at = pos[rows]
-            replaced = lv[at]
+            replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0
             lv[at] = pair
             last[v] = lv
             added = np.sort(replaced[replaced != 0])
