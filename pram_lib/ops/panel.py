@@ -297,7 +297,13 @@ def read_ledger(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-Sparse = tuple[np.ndarray, np.ndarray]   # (rows of the release, values)
+Sparse = tuple[np.ndarray | int, np.ndarray]   # (rows of the release, values); rows an int: every row of a chunk
+#                                               from that row on (a first release: no array of row numbers)
+
+
+def _sparse(start: int, rows: np.ndarray, values: np.ndarray) -> Sparse:
+    """`values` (one per row of the chunk from row `start`) at `rows` (ascending, within the chunk)."""
+    return (start, values) if rows.size == values.size else (start + rows, values[rows])
 
 
 @dataclass
@@ -326,7 +332,8 @@ class PanelChunk:
 def _joined(parts: list[Sparse], dtype) -> Sparse:
     if not parts:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
-    return np.concatenate([r for r, _ in parts]), np.concatenate([x for _, x in parts])
+    return (np.concatenate([np.arange(r, r + x.size) if isinstance(r, (int, np.integer)) else r for r, x in parts]),
+            np.concatenate([x for _, x in parts]))
 
 
 @dataclass
@@ -439,7 +446,7 @@ class MemoChunk:
         self.charge = np.zeros(rid.size)
         self.known = pos >= 0
         fresh = np.flatnonzero(~self.known)
-        self.out = PanelChunk([pos], [(start + fresh, rtag[fresh])], [])
+        self.out = PanelChunk([pos], [_sparse(start, fresh, rtag)], [])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -461,7 +468,7 @@ class MemoChunk:
         np.add(self.loss, eps, out=self.loss, where=paid)
         np.add(self.charge, eps, out=self.charge, where=paid)
         moved = np.flatnonzero(live & ok & ~last)      # the pairs that become the record's last
-        self.out.pairs[variable] = [(self.start + moved, h[moved])]
+        self.out.pairs[variable] = [_sparse(self.start, moved, h)]
         self.out.changed[variable] = int(np.count_nonzero(paid & self.known))
         self.out.blocked[variable] = ok.size - int(np.count_nonzero(ok))
         return ok
@@ -469,7 +476,7 @@ class MemoChunk:
     def finish(self) -> PanelChunk:
         """The chunk's accounting, once every variable is admitted."""
         paid = np.flatnonzero(self.charge)
-        self.out.charge = [(self.start + paid, self.charge[paid])]
+        self.out.charge = [_sparse(self.start, paid, self.charge)]
         if self.rid.size:   # as the ledger will hold it: its ε before, plus this release's charges
             total = self.memo.base + (self.ledger_loss + self.charge)
             smallest = min((e for e in self.memo.epsilon.values() if e > 0), default=0.0)
