@@ -407,12 +407,17 @@ class Memo:
         paid_rows, paid = _joined(chunks.charge, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
-        table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
+        names, before_table = last_pair_table(old) if m else ([], None)
+        if names == self.charged and m:   # the same variables: the old table copied whole, newcomers' rows 0
+            table = np.insert(before_table, ins, 0, axis=0) if ins.size else before_table.copy()
+        else:                             # row-major: a record's last pairs together
+            table = np.zeros((n, len(self.charged)), dtype=np.uint64)
+            for j, v in enumerate(self.charged):
+                if v in old.last and m:
+                    table[:, j] = np.insert(old.last[v], ins, 0) if ins.size else old.last[v]
         for j, v in enumerate(self.charged):
             lv = table[:, j]
             before = old.last.get(v)
-            if before is not None and m:
-                lv[:] = np.insert(before, ins, 0) if ins.size else before
             rows, pair = _joined(chunks.pairs[v], np.uint64)
             at = pos[rows]
             replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0

@@ -511,3 +511,59 @@ def test_a_ledger_in_the_former_zip_format_is_read_and_replaced(tmp_path):
     store.save(back)
     assert sorted(p.name for p in store.folder.iterdir()) == [panel.STATE_FILE]
     assert np.array_equal(store.load().loss, state.loss)
+
+
+@pytest.mark.parametrize("table", [False, True])
+@pytest.mark.parametrize("old_size, new_size", [(0, 300), (400, 0), (400, 150), (1, 1)])
+def test_settled_equals_a_dict_of_records(old_size, new_size, table):
+    """The settled ledger against a dict per record: newcomers inserted in tag order, ε added where paid, each
+    variable's last pair replaced where released and the replaced one added to its sorted history; a variable the
+    ledger did not have starts at 0, one no longer released is dropped; in two chunks, one kept without row numbers."""
+    rng = np.random.default_rng(old_size + new_size + table)
+    state = ledger(rng.integers(0, 2**64, old_size, dtype=np.uint64), rng, ("a", "gone"), table=table)
+    state.history = {"a": np.sort(rng.integers(1, 2**63, 20, dtype=np.uint64)), "gone": np.empty(0, np.uint64)}
+    memo = panel.Memo(KeyedPrf(bytes(16)), state, "k", 100.0, 0.0, {"a": 0.5, "b": 0.25}, {"a": "fa", "b": "fb"})
+    fresh_tags = rng.integers(0, 2**64, new_size, dtype=np.uint64)
+    n = old_size + new_size
+    pos = np.concatenate([rng.permutation(old_size), np.full(new_size, -1)]).astype(np.int64)
+    cut = n // 2   # two chunks: rows 0..cut-1 and cut..n-1
+    chunks = []
+    for lo, hi in ((0, cut), (cut, n)):
+        rows = np.arange(lo, hi)
+        fresh = rows[pos[rows] < 0]
+        paid = rows[rng.random(rows.size) < 0.5] if lo else rows    # the first chunk: every row paid and moved
+        c = panel.PanelChunk([pos[lo:hi]], [(fresh, fresh_tags[fresh - old_size])],
+                             [(lo, np.full(rows.size, 0.5)) if not lo else (paid, np.full(paid.size, 0.75))])
+        for v in ("a", "b"):
+            moved = rows if not lo else rows[rng.random(rows.size) < 0.3]
+            c.pairs[v] = [(lo, rng.integers(1, 2**63, rows.size, dtype=np.uint64)) if not lo else
+                          (moved, rng.integers(1, 2**63, moved.size, dtype=np.uint64))]
+            c.changed[v], c.blocked[v] = 0, 0
+        chunks.append(c)
+    got, _ = memo.settled(chunks[0] + chunks[1])
+    # the dict model
+    rec = {int(t): {"loss": float(state.loss[j]), "a": int(state.last["a"][j]), "b": 0} for j, t in
+           enumerate(state.records)}
+    tag_of_row = [int(state.records[p]) if p >= 0 else int(fresh_tags[r - old_size]) for r, p in enumerate(pos)]
+    for t in fresh_tags:
+        rec[int(t)] = {"loss": 0.0, "a": 0, "b": 0}
+    history = {"a": [int(x) for x in state.history["a"]], "b": []}
+    for c in chunks:
+        for rows, paid in c.charge:
+            rows = np.arange(rows, rows + paid.size) if isinstance(rows, int) else rows
+            for r, e in zip(rows, paid):
+                rec[tag_of_row[r]]["loss"] += e
+        for v in ("a", "b"):
+            for rows, pair in c.pairs[v]:
+                rows = np.arange(rows, rows + pair.size) if isinstance(rows, int) else rows
+                for r, x in zip(rows, pair):
+                    if rec[tag_of_row[r]][v]:
+                        history[v].append(rec[tag_of_row[r]][v])
+                    rec[tag_of_row[r]][v] = int(x)
+    order = sorted(rec)
+    assert got.records.tolist() == order and sorted(got.last) == ["a", "b"]
+    assert np.array_equal(got.loss, [rec[t]["loss"] for t in order])
+    for v in ("a", "b"):
+        assert got.last[v].tolist() == [rec[t][v] for t in order]
+        assert got.history[v].tolist() == sorted(history[v])
+    assert panel.last_pair_table(got)[1].shape == (len(order), 2)   # saved without a copy
