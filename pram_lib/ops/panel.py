@@ -272,16 +272,21 @@ LEDGER_ARRAYS = ("header", "records", "loss", "lasts")   # then history_j per va
 
 
 def last_pair_table(state: PanelState) -> tuple[list[str], np.ndarray]:
-    """(variables, table): the ledger's last pairs as one row-major uint64 table, a column per variable; the table
-    `settled` made when the state's columns are its columns (no copy), else stacked."""
+    """(variables, table): the ledger's last pairs as one row-major uint64 table, a column per variable. When the
+    state's columns are the columns of one table (as `settled` and `load` make them), that table as it is (a
+    read-only view of their memory: no copy); else stacked."""
     names = list(state.last)
     cols = [state.last[v] for v in names]
-    base = cols[0].base if cols else None
-    if isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[1] == len(cols) and base.dtype == np.uint64 \
-            and base.flags.c_contiguous and all(c.base is base and c.strides == (8 * len(cols),) and
-                                                c.ctypes.data == base.ctypes.data + 8 * j for j, c in enumerate(cols)):
-        return names, base
-    return names, np.stack(cols, axis=1) if cols else np.empty((state.records.size, 0), dtype=np.uint64)
+    n, k = state.records.size, len(cols)
+    if not cols:
+        return names, np.empty((n, 0), dtype=np.uint64)
+    first, base = cols[0], cols[0].base
+    if isinstance(base, np.ndarray) and all(
+            c.base is base and c.dtype == np.uint64 and c.shape == (n,) and c.strides == (8 * k,) and
+            c.ctypes.data == first.ctypes.data + 8 * j for j, c in enumerate(cols)) and \
+            base.ctypes.data <= first.ctypes.data and first.ctypes.data + 8 * n * k <= base.ctypes.data + base.nbytes:
+        return names, np.lib.stride_tricks.as_strided(first, (n, k), (8 * k, 8), writeable=False)
+    return names, np.stack(cols, axis=1)
 
 
 def read_ledger(path: Path) -> dict[str, np.ndarray]:
@@ -403,13 +408,16 @@ class Memo:
                 return np.full(n, fill, dtype=dtype)
             return np.insert(a, ins, fill) if ins.size else a.copy()
 
-        loss = grown(old.loss, 0.0, np.float64)
+        # an array nothing changes is the old one, shared (the old state is read, never written)
         paid_rows, paid = _joined(chunks.charge, np.float64)
+        loss = old.loss if m and not ins.size and not paid.size else grown(old.loss, 0.0, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
         names, before_table = last_pair_table(old) if m else ([], None)
+        pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
         if names == self.charged and m:   # the same variables: the old table copied whole, newcomers' rows 0
-            table = np.insert(before_table, ins, 0, axis=0) if ins.size else before_table.copy()
+            table = np.insert(before_table, ins, 0, axis=0) if ins.size else \
+                before_table if not any(p.size for _, p in pairs.values()) else before_table.copy()
         else:                             # row-major: a record's last pairs together
             table = np.zeros((n, len(self.charged)), dtype=np.uint64)
             for j, v in enumerate(self.charged):
@@ -418,14 +426,16 @@ class Memo:
         for j, v in enumerate(self.charged):
             lv = table[:, j]
             before = old.last.get(v)
-            rows, pair = _joined(chunks.pairs[v], np.uint64)
+            rows, pair = pairs.pop(v)
             at = pos[rows]
             replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0
-            lv[at] = pair
+            if at.size:
+                lv[at] = pair
             last[v] = lv
             added = np.sort(replaced[replaced != 0])
             before = old.history.get(v)
-            history[v] = added if before is None else np.insert(before, np.searchsorted(before, added), added)
+            history[v] = added if before is None else \
+                np.insert(before, np.searchsorted(before, added), added) if added.size else before
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
         summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
                    "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),

@@ -567,3 +567,24 @@ def test_settled_equals_a_dict_of_records(old_size, new_size, table):
         assert got.last[v].tolist() == [rec[t][v] for t in order]
         assert got.history[v].tolist() == sorted(history[v])
     assert panel.last_pair_table(got)[1].shape == (len(order), 2)   # saved without a copy
+
+
+def test_a_release_that_changes_nothing_settles_without_copying_the_ledger(tmp_path):
+    """The same people with the same values again (a schedule's steady state): the settled ledger is the one read,
+    its arrays shared (no copy of 10^7-row arrays), the release counter moved on; the old state is left as read."""
+    rng = np.random.default_rng(12)
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    state = ledger(rng.integers(0, 2**64, 1000, dtype=np.uint64), rng, ("a", "b"))
+    store.save(state)
+    old = store.load()
+    before = {v: old.last[v].copy() for v in old.last}
+    memo = panel.Memo(KeyedPrf(bytes(16)), old, "k", 100.0, 0.0, {"a": 0.5, "b": 0.25}, {"a": "", "b": ""})
+    chunk = panel.PanelChunk([rng.permutation(1000).astype(np.int64)], [], [],
+                             {"a": [], "b": []}, {"a": 0, "b": 0}, {"a": 0, "b": 0})
+    new, summary = memo.settled(chunk)
+    assert new.releases == old.releases + 1 and summary["paid"] == 0 and summary["new_records"] == 0
+    assert np.shares_memory(new.loss, old.loss) and np.shares_memory(new.last["a"], old.last["a"])
+    assert all(np.array_equal(old.last[v], before[v]) and np.array_equal(new.last[v], before[v]) for v in before)
+    store.save(new)
+    assert np.array_equal(store.load().last["b"], before["b"])
