@@ -155,12 +155,6 @@ class PanelState:
             new[rest] = hist[at] != pair[rest]
         return is_last, new
 
-    def loss_of(self, pos: np.ndarray) -> np.ndarray:
-        out = np.zeros(pos.size)
-        known = pos >= 0
-        out[known] = self.loss[pos[known]]
-        return out
-
 
 class PanelStore:
     """One longitudinal population's private files."""
