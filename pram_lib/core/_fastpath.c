@@ -211,7 +211,8 @@ void siphash24_3w_uniforms(const uint64_t *w0, uint64_t tag, const uint64_t *w2,
  * random, so the tags go LOOKUP_BATCH at a time through three stages, each prefetching what the next reads: a
  * lookup's three dependent reads (bucket, row, its ε and last pairs) overlap with the batch's others instead of
  * waiting for memory one after the other. Variable v's last pairs are lasts[v][row * strides[v]]: the columns of
- * one row-major table (a record's pairs share a cache line) or separate arrays. Returns how many tags were found. */
+ * one row-major table (a record's pairs share a cache line) or separate arrays. `loss` NULL: rows only (loss_out is
+ * not written). Returns how many tags were found. */
 #define LOOKUP_BATCH 64
 int64_t panel_lookup(const uint64_t *records, const int64_t *index, int shift, const double *loss,
                      const uint64_t *const *lasts, const int64_t *strides, int64_t nv, const uint64_t *tags, int64_t n,
@@ -234,13 +235,13 @@ int64_t panel_lookup(const uint64_t *records, const int64_t *index, int shift, c
             pos[s + j] = p;
             if (p >= 0) {
                 found++;
-                __builtin_prefetch(&loss[p]);
+                if (loss) __builtin_prefetch(&loss[p]);
                 for (int64_t v = 0; v < nv; v++) __builtin_prefetch(&lasts[v][p * strides[v]]);
             }
         }
         for (int64_t j = 0; j < w; j++) {
             int64_t p = pos[s + j];
-            loss_out[s + j] = p >= 0 ? loss[p] : 0.0;
+            if (loss) loss_out[s + j] = p >= 0 ? loss[p] : 0.0;
             for (int64_t v = 0; v < nv; v++) lasts_out[v][s + j] = p >= 0 ? lasts[v][p * strides[v]] : 0;
         }
     }

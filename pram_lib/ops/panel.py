@@ -64,10 +64,11 @@ class PanelState:
     _index: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def positions(self, rtag: np.ndarray) -> np.ndarray:
-        """Each record's row in the ledger, -1 for a record never released."""
-        return self.lookup(rtag, ())[0]
+        """Each record's row in the ledger, -1 for a record never released (the ledger's records alone are read)."""
+        return self.lookup(rtag, (), with_loss=False)[0]
 
-    def lookup(self, rtag: np.ndarray, variables=()) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def lookup(self, rtag: np.ndarray, variables=(),
+               with_loss: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """Each record's row in the ledger (-1: never released), its cumulative ε (0 when new) and, per variable of
         `variables` the ledger has, its last released pair tag (0 when none), in one pass: the C kernel
         `panel_lookup` (a bucket index on the tags' top bits, pram_lib/core/_fastpath.c), or its numpy twin
@@ -78,24 +79,27 @@ class PanelState:
         names = [v for v in variables if v in self.last]
         lib = fastpath.keep_uniform_kernel()
         if lib is None or not self.records.size or not rtag.size:
-            return self.lookup_numpy(rtag, names)
+            return self.lookup_numpy(rtag, names, with_loss)
         index, shift = self.bucket_index()
         columns = [self.last[v] if self.last[v].dtype == np.uint64 and self.last[v].ndim == 1 and
                    self.last[v].strides[0] % 8 == 0 else np.ascontiguousarray(self.last[v], dtype=np.uint64)
                    for v in names]   # a column of the row-major table as it is (no copy)
         strides = np.array([c.strides[0] // 8 for c in columns] or [1], dtype=np.int64)
-        loss = np.ascontiguousarray(self.loss, dtype=np.float64)
+        loss = np.ascontiguousarray(self.loss, dtype=np.float64) if with_loss else None
         records = np.ascontiguousarray(self.records, dtype=np.uint64)
-        pos, loss_out = np.empty(rtag.size, dtype=np.int64), np.empty(rtag.size)
+        if (with_loss and self.loss.size != records.size) or any(c.size != records.size for c in columns):
+            raise PanelError("the per-record ledger's arrays differ in length")   # the C kernel reads them by row
+        pos, loss_out = np.empty(rtag.size, dtype=np.int64), np.empty(rtag.size if with_loss else 0)
         lasts = {v: np.empty(rtag.size, dtype=np.uint64) for v in names}
         pointers = (ctypes.c_void_p * max(len(names), 1))(*(c.ctypes.data for c in columns))
         outs = (ctypes.c_void_p * max(len(names), 1))(*(a.ctypes.data for a in lasts.values()))
-        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, loss.ctypes.data, pointers,
-                            strides.ctypes.data, len(names),
+        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, None if loss is None else loss.ctypes.data,
+                            pointers, strides.ctypes.data, len(names),
                             rtag.ctypes.data, rtag.size, pos.ctypes.data, loss_out.ctypes.data, outs)
         return pos, loss_out, lasts
 
-    def lookup_numpy(self, rtag: np.ndarray, variables=()) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def lookup_numpy(self, rtag: np.ndarray, variables=(),
+                     with_loss: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """`lookup` in numpy: a sort-merge join (the tags sorted, then np.searchsorted in the sorted ledger)."""
         names = [v for v in variables if v in self.last]
         pos = np.full(rtag.size, -1, dtype=np.int64)
@@ -105,8 +109,9 @@ class PanelState:
             at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
             pos[order] = np.where(self.records[at] == wanted, at, -1)
         known = pos >= 0
-        loss = np.zeros(rtag.size)
-        loss[known] = self.loss[pos[known]]
+        loss = np.zeros(rtag.size if with_loss else 0)
+        if with_loss:
+            loss[known] = self.loss[pos[known]]
         lasts = {}
         for v in names:
             lasts[v] = np.zeros(rtag.size, dtype=np.uint64)
@@ -234,9 +239,12 @@ class PanelStore:
                 names = [str(n) for n in z["variables"]]
                 if z["records"].size > 1 and not bool(np.all(z["records"][1:] > z["records"][:-1])):
                     raise ValueError("its records are not sorted")
-                return PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
-                                  {n: z[f"history_{j}"] for j, n in enumerate(names)},
-                                  dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
+                state = PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
+                                   {n: z[f"history_{j}"] for j, n in enumerate(names)},
+                                   dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
+                if any(a.size != state.records.size for a in (state.loss, *state.last.values())):
+                    raise ValueError("its arrays differ in length")
+                return state
         except (OSError, ValueError, KeyError) as exc:
             raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
                              "store's backup (releasing without it would charge every record afresh)") from None

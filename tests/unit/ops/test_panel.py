@@ -439,9 +439,11 @@ def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, monkeypatch):
     twin = state.lookup_numpy(tags, ["a", "b", "new"])
     assert np.array_equal(twin[0], pos) and np.array_equal(twin[1], loss)
     assert all(np.array_equal(twin[2][v], lasts[v]) for v in ("a", "b"))
+    assert np.array_equal(panel.PanelState(state.records).positions(tags), want)   # rows only: no ε read
     if m:
         c_index = state.bucket_index()
         monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+        assert np.array_equal(panel.PanelState(state.records).positions(tags), want)
         fresh = ledger(state.records, rng)
         np_index = fresh.bucket_index()
         assert c_index[1] == np_index[1] and np.array_equal(c_index[0], np_index[0])
