@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy import special
+
+from pram_lib.core.memo import tag_of
 
 __all__ = ["TwoSidedGamma", "density", "log_density", "cdf", "char_fn", "sample", "moments", "smoothness_bounds",
            "ghatak_roy_scale"]
@@ -85,34 +87,68 @@ def sample(size: Any, theta: float, eta: float, rng: np.random.Generator) -> np.
     return np.where(s == 1, g, -g)
 
 
-def sample_from_uniforms(theta: float, eta: float, uniform: Callable[..., np.ndarray], n: int,
-                         rounds: int = 3) -> np.ndarray:
-    """n draws of the law of `sample` from given open uniforms: `uniform(j, rows)` is the j-th independent array of
-    U(0, 1) values of the given rows (a longitudinal release's memoized draws). Marsaglia & Tsang's method (shape
-    a = ϑ + 1 when ϑ < 1, then G·U^(1/ϑ)), its normal from two uniforms (Box–Muller), each round over the rows
-    still rejected; a row no round accepted (probability below 0.05^rounds) takes the exact inverse CDF of a
-    further uniform (scipy.special.gammaincinv), so the law is exact."""
-    theta, eta = check_parameters(theta, eta)
+KEYED_TAG = tag_of("draw", "two-sided gamma", 2)   # sample_keyed's stream of uniforms (2: the memo's second sampler)
+
+
+def _keyed_constants(theta: float) -> tuple[float, float, float, float]:
+    """(d, c, boost, 2π) of `sample_keyed`: Marsaglia & Tsang's constants for shape a = ϑ (ϑ + 1 when ϑ < 1), and
+    the exponent 1/ϑ of the boost U^(1/ϑ) (0: none)."""
     a = theta + 1.0 if theta < 1.0 else theta
     d = a - 1.0 / 3.0
-    c = 1.0 / math.sqrt(9.0 * d)
-    g = np.empty(n)
-    rest = np.arange(n)
-    for r in range(rounds):
-        u1, u2, u3 = (uniform(3 + 3 * r + k, rest) for k in range(3))
-        x = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
-        v = (1.0 + c * x) ** 3
+    return d, 1.0 / math.sqrt(9.0 * d), 1.0 / theta if theta < 1.0 else 0.0, 2.0 * math.pi
+
+
+def sample_keyed(theta: float, eta: float, prf, h: np.ndarray, tag: int = KEYED_TAG) -> np.ndarray:
+    """One draw of the law of `sample` per keyed hash `h` (a longitudinal release's memoized noise: the same hash,
+    the same draw), from the uniforms of `prf` (a pram_lib.core.memo.KeyedPrf) of (h, tag, j), j = 0, 1, ...:
+    Marsaglia & Tsang's method (shape a = ϑ + 1 when ϑ < 1, then G·U^(1/ϑ)), its normals by Box–Muller, attempts
+    repeated until one is accepted, so the law is exact. The C kernel (pram_lib/core/_fastpath.c, gamma_keyed),
+    or `sample_keyed_numpy`, which gives the same values."""
+    theta, eta = check_parameters(theta, eta)
+    out = prf.gamma_keyed(h, tag, *_keyed_constants(theta)[:3], eta, _keyed_constants(theta)[3])
+    return sample_keyed_numpy(theta, eta, prf, h, tag) if out is None else out
+
+
+def sample_keyed_numpy(theta: float, eta: float, prf, h: np.ndarray, tag: int = KEYED_TAG) -> np.ndarray:
+    """`sample_keyed` in numpy, attempt after attempt over the rows still rejected: the C kernel's expressions in
+    its order (attempts 2m and 2m+1 take the cosine and sine normals of the Box–Muller pair u(1+4m), u(2+4m), and
+    u(3+4m), u(4+4m) to accept; the squeeze 1 - 0.0331x⁴ before the logarithms; the sign from the lowest bit of
+    u(0)'s hash), so the same values."""
+    theta, eta = check_parameters(theta, eta)
+    d, c, boost, twopi = _keyed_constants(theta)
+    h = np.ascontiguousarray(h, dtype=np.uint64)
+    n = h.size
+
+    def u(rows: np.ndarray, j: int) -> np.ndarray:
+        return prf.open_uniforms(h[rows], tag, np.full(rows.size, j, dtype=np.uint64))
+
+    first = prf.hashes(h, tag, np.zeros(n, dtype=np.uint64))
+    g = np.zeros(n)
+    rest, k = np.arange(n), 0
+    r = angle = None
+    while rest.size:
+        m = k >> 1
+        if k % 2 == 0:
+            r = np.sqrt(-2.0 * np.log(u(rest, 1 + 4 * m)))
+            angle = twopi * u(rest, 2 + 4 * m)
+            x = r * np.cos(angle)
+        else:
+            x = r * np.sin(angle)
+        w = u(rest, 3 + 4 * m + (k & 1))
+        t = 1.0 + c * x
+        v = t * t * t
         with np.errstate(invalid="ignore", divide="ignore"):
-            ok = (v > 0) & (np.log(u3) < 0.5 * x * x + d - d * v + d * np.log(v))
+            ok = (v > 0.0) & ((w < 1.0 - 0.0331 * (x * x) * (x * x)) |
+                              (np.log(w) < 0.5 * x * x + d * (1.0 - v + np.log(v))))
         g[rest[ok]] = d * v[ok]
         rest = rest[~ok]
-        if not rest.size:
-            break
-    if rest.size:
-        g[rest] = special.gammaincinv(a, uniform(3 + 3 * rounds, rest))
-    if theta < 1.0:
-        g *= uniform(1, None) ** (1.0 / theta)
-    return np.where(uniform(2, None) < 0.5, -eta * g, eta * g)
+        if k % 2 == 0:
+            r, angle = r[~ok], angle[~ok]
+        k += 1
+    if boost > 0.0:
+        u0 = ((first >> np.uint64(12)).astype(np.int64).astype(np.float64) + 0.5) * (1.0 / 4503599627370496.0)
+        g = g * (u0 * u0 if boost == 2.0 else np.power(u0, boost))
+    return np.where((first & np.uint64(1)) == 1, -(eta * g), eta * g)
 
 
 def moments(theta: float, eta: float) -> dict:

@@ -10,6 +10,7 @@
  *    per value behind a function pointer. fastpath.py checks the state layout against numpy before use.
  * Built by `python -m pram_lib.core.fastpath` (make install); pram_lib works without it.
  */
+#include <math.h>
 #include <stdint.h>
 
 typedef struct bitgen {
@@ -200,5 +201,123 @@ void siphash24_3w_uniforms(const uint64_t *w0, uint64_t tag, const uint64_t *w2,
         int64_t w = n - lo < 256 ? n - lo : 256;
         for (int64_t j = 0; j < w; j++) h[j] = sip24_3w(k0, k1, w0[lo + j], tag, w2[lo + j]);
         for (int64_t j = 0; j < w; j++) out[lo + j] = ((double)(int64_t)(h[j] >> drop) + half) * scale;
+    }
+}
+
+/* The per-record ledger's lookup for pram_lib.ops.panel: each tag's row in the sorted ledger `records`, -1 when
+ * absent, and the found rows' cumulative ε and per-variable last pair tags (0.0 and 0 when absent), in one pass.
+ * `index[b]` is the first row whose tag >> shift is at least b (b = 0 .. 2^(64-shift)): the ledger's tags are keyed
+ * hashes, uniform on 64 bits, so a bucket holds a few rows. The ledger is far larger than the caches and is read at
+ * random, so the tags go LOOKUP_BATCH at a time through three stages, each prefetching what the next reads: a
+ * lookup's three dependent reads (bucket, row, its ε and last pairs) overlap with the batch's others instead of
+ * waiting for memory one after the other. Variable v's last pairs are lasts[v][row * strides[v]]: the columns of
+ * one row-major table (a record's pairs share a cache line) or separate arrays. `loss` NULL: rows only (loss_out is
+ * not written). Returns how many tags were found. */
+#define LOOKUP_BATCH 64
+int64_t panel_lookup(const uint64_t *records, const int64_t *index, int shift, const double *loss,
+                     const uint64_t *const *lasts, const int64_t *strides, int64_t nv, const uint64_t *tags, int64_t n,
+                     int64_t *pos, double *loss_out, uint64_t *const *lasts_out) {
+    int64_t found = 0, lo[LOOKUP_BATCH], hi[LOOKUP_BATCH];
+    for (int64_t s = 0; s < n; s += LOOKUP_BATCH) {
+        int64_t w = n - s < LOOKUP_BATCH ? n - s : LOOKUP_BATCH;
+        for (int64_t j = 0; j < w; j++) __builtin_prefetch(&index[tags[s + j] >> shift]);
+        for (int64_t j = 0; j < w; j++) {
+            uint64_t b = tags[s + j] >> shift;
+            lo[j] = index[b];
+            hi[j] = index[b + 1];
+            __builtin_prefetch(&records[lo[j]]);
+        }
+        for (int64_t j = 0; j < w; j++) {
+            uint64_t t = tags[s + j];
+            int64_t a = lo[j], e = hi[j];
+            while (a < e && records[a] < t) a++;
+            int64_t p = (a < e && records[a] == t) ? a : -1;
+            pos[s + j] = p;
+            if (p >= 0) {
+                found++;
+                if (loss) __builtin_prefetch(&loss[p]);
+                for (int64_t v = 0; v < nv; v++) __builtin_prefetch(&lasts[v][p * strides[v]]);
+            }
+        }
+        for (int64_t j = 0; j < w; j++) {
+            int64_t p = pos[s + j];
+            if (loss) loss_out[s + j] = p >= 0 ? loss[p] : 0.0;
+            for (int64_t v = 0; v < nv; v++) lasts_out[v][s + j] = p >= 0 ? lasts[v][p * strides[v]] : 0;
+        }
+    }
+    return found;
+}
+
+/* panel_lookup's bucket index of the sorted `records` (m rows): index[b] = the first row whose tag >> shift is at
+ * least b, for b = 0 .. buckets (index[buckets] = m); one pass over the ledger. */
+void panel_index(const uint64_t *records, int64_t m, int shift, int64_t buckets, int64_t *index) {
+    int64_t b = 0;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t k = (int64_t)(records[i] >> shift);
+        while (b <= k) index[b++] = i;
+    }
+    while (b <= buckets) index[b++] = m;
+}
+
+/* The two-sided Gamma noise of pram_lib.channels.gamma_law.sample_keyed, drawn from keyed uniforms: row i's stream
+ * is u(j) = the open uniform of SipHash-2-4 (h[i], tag, j), j = 0, 1, ... Marsaglia & Tsang (2000) for shape a (the
+ * caller passes d = a - 1/3, c = 1/sqrt(9d)), attempts repeated until one is accepted (an exact rejection sampler:
+ * the attempts are independent). Attempts 2m and 2m+1 take the two normals of one Box-Muller pair (u(1+4m),
+ * u(2+4m)), cosine then sine, and the acceptance uniforms u(3+4m) and u(4+4m); Marsaglia & Tsang's squeeze
+ * u < 1 - 0.0331 x^4 first, their logarithmic test only when it fails. For a shape below 1 (`boost` = 1/theta
+ * > 0) G u(0)^(1/theta); the sign is the lowest bit of u(0)'s hash, which its uniform (the top 52 bits) does not
+ * use. The numpy twin (sample_keyed_numpy) computes the same expressions in the same order: same values. */
+static inline double open_uniform(uint64_t h) { return ((double)(int64_t)(h >> 12) + 0.5) * (1.0 / 4503599627370496.0); }
+
+static double gamma_attempts(const uint64_t hi, uint64_t tag, uint64_t k0, uint64_t k1, double d, double c,
+                             double twopi, double r, double angle, uint64_t k) {
+    /* attempts k, k+1, ... of one row (r and angle: the Box-Muller pair of attempt k - 1 when k is odd) */
+    for (;; k++) {
+        uint64_t m = k >> 1;
+        double x;
+        if ((k & 1) == 0) {
+            r = sqrt(-2.0 * log(open_uniform(sip24_3w(k0, k1, hi, tag, 1 + 4 * m))));
+            angle = twopi * open_uniform(sip24_3w(k0, k1, hi, tag, 2 + 4 * m));
+            x = r * cos(angle);
+        } else {
+            x = r * sin(angle);
+        }
+        double u = open_uniform(sip24_3w(k0, k1, hi, tag, 3 + 4 * m + (k & 1)));
+        double t = 1.0 + c * x;
+        double v = t * t * t;
+        if (v > 0.0 && (u < 1.0 - 0.0331 * (x * x) * (x * x) || log(u) < 0.5 * x * x + d * (1.0 - v + log(v))))
+            return d * v;
+    }
+}
+
+/* the first attempt's four hashes are made 256 rows at a time (the hash loops vectorise); a rejected row (a few per
+ * cent) goes on alone */
+MULTIVERSION
+void gamma_keyed(const uint64_t *h, int64_t n, uint64_t tag, uint64_t k0, uint64_t k1, double d, double c,
+                 double boost, double eta, double twopi, double *out) {
+    uint64_t s0[256], s1[256], s2[256], s3[256];
+    for (int64_t lo = 0; lo < n; lo += 256) {
+        int64_t w = n - lo < 256 ? n - lo : 256;
+        for (int64_t j = 0; j < w; j++) s0[j] = sip24_3w(k0, k1, h[lo + j], tag, 0);
+        for (int64_t j = 0; j < w; j++) s1[j] = sip24_3w(k0, k1, h[lo + j], tag, 1);
+        for (int64_t j = 0; j < w; j++) s2[j] = sip24_3w(k0, k1, h[lo + j], tag, 2);
+        for (int64_t j = 0; j < w; j++) s3[j] = sip24_3w(k0, k1, h[lo + j], tag, 3);
+        for (int64_t j = 0; j < w; j++) {
+            double r = sqrt(-2.0 * log(open_uniform(s1[j])));
+            double angle = twopi * open_uniform(s2[j]);
+            double x = r * cos(angle);
+            double u = open_uniform(s3[j]);
+            double t = 1.0 + c * x;
+            double v = t * t * t, g;
+            if (v > 0.0 && (u < 1.0 - 0.0331 * (x * x) * (x * x) || log(u) < 0.5 * x * x + d * (1.0 - v + log(v))))
+                g = d * v;
+            else
+                g = gamma_attempts(h[lo + j], tag, k0, k1, d, c, twopi, r, angle, 1);
+            if (boost > 0.0) {
+                double u0 = open_uniform(s0[j]);
+                g = g * (boost == 2.0 ? u0 * u0 : pow(u0, boost));
+            }
+            out[lo + j] = (s0[j] & 1) ? -(eta * g) : eta * g;
+        }
     }
 }

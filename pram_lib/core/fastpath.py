@@ -1,5 +1,6 @@
 """The optional C kernels (pram_lib/core/_fastpath.c), loaded with ctypes: family-(8) perturbation (uniforms from a
-numpy Generator or given) and SipHash-2-4 for pram_lib.core.memo.
+numpy Generator or given), SipHash-2-4 for pram_lib.core.memo, the per-record ledger's lookup for
+pram_lib.ops.panel, and the two-sided Gamma noise from keyed uniforms (pram_lib.channels.gamma_law.sample_keyed).
 
 `python -m pram_lib.core.fastpath` compiles them next to this file (make install does). Without them, or with
 PRAM_NO_FASTPATH=1, pram_lib uses its numpy kernels, which give the same output for the same input.
@@ -25,7 +26,7 @@ def build(cc: str | None = None) -> Path:
     """Compile the kernel (into a temporary name, then renamed: a concurrent import never sees half a file)."""
     cc = cc or os.environ.get("CC", "cc")
     tmp = LIBRARY.with_suffix(f".{os.getpid()}.tmp")
-    subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE)], check=True)
+    subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], check=True)
     os.replace(tmp, LIBRARY)
     return LIBRARY
 
@@ -61,6 +62,16 @@ def keep_uniform_kernel():
     lib.siphash24_3w_uniforms.restype = None
     lib.siphash24_3w_uniforms.argtypes = [p, u64, p, i64, u64, u64, ctypes.c_int, p]
     kernels["siphash24_uniforms"] = lib.siphash24_3w_uniforms
+    lib.panel_lookup.restype = i64
+    lib.panel_lookup.argtypes = [p, p, ctypes.c_int, p, p, p, i64, p, i64, p, p, p]
+    kernels["panel_lookup"] = lib.panel_lookup
+    lib.panel_index.restype = None
+    lib.panel_index.argtypes = [p, i64, ctypes.c_int, i64, p]
+    kernels["panel_index"] = lib.panel_index
+    d = ctypes.c_double
+    lib.gamma_keyed.restype = None
+    lib.gamma_keyed.argtypes = [p, i64, u64, u64, u64, d, d, d, d, d, p]
+    kernels["gamma_keyed"] = lib.gamma_keyed
     lib.pcg64_fill.restype = None
     lib.pcg64_fill.argtypes = [p, p, i64]
     kernels["pcg64"] = _pcg64_agrees(lib.pcg64_fill)

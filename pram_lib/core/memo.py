@@ -208,6 +208,20 @@ class KeyedPrf:
                                   out.ctypes.data)
         return out
 
+    def gamma_keyed(self, h: np.ndarray, tag: int, d: float, c: float, boost: float, eta: float,
+                    twopi: float) -> np.ndarray | None:
+        """The C kernel of `pram_lib.channels.gamma_law.sample_keyed` under this key (None when it is not built)."""
+        from pram_lib.core import fastpath
+
+        lib = fastpath.keep_uniform_kernel()
+        if lib is None:
+            return None
+        h = _words(h)
+        out = np.empty(h.size, dtype=np.float64)
+        lib["gamma_keyed"](h.ctypes.data, h.size, int(tag), self._k0, self._k1, d, c, boost, eta, twopi,
+                           out.ctypes.data)
+        return out
+
     def uniforms(self, rid: np.ndarray, tag: int, value: np.ndarray) -> np.ndarray:
         """float64 in [0, 1): (h >> 11) 2**-53, the grid `Generator.random` draws from."""
         return self._uniforms(rid, tag, value, False)

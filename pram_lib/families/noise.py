@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from pram_lib.channels import gamma as g
 from pram_lib.channels.deconvolve import bootstrap_band
 from pram_lib.channels.gamma import PROTECTION_TOLERANCE
-from pram_lib.channels.gamma_law import sample_from_uniforms
+from pram_lib.channels.gamma_law import sample_keyed
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.planning import VariablePlan
 from pram_lib.core.model import NO_STRATUM, Assignment, NumericProfile, from_release_scale, to_release_scale
@@ -616,8 +616,7 @@ class Noise(Family):
         else:   # the noise is memoized per (record, value): an unchanged value is released identically, a changed
             # one gets a fresh draw (reusing the draw with a new value would reveal the change exactly)
             x = np.where(memo.admit(v.key, x.view(np.int64), ~np.isnan(x)), x, np.nan)
-            z = x + sample_from_uniforms(a.channel.theta, a.channel.eta,
-                                         lambda j, rows: memo.open_uniforms(v.key, j, rows), x.size)
+            z = x + sample_keyed(a.channel.theta, a.channel.eta, *memo.keyed(v.key))
         live = z[~np.isnan(z)]
         keep = plan.sample_rows(start, len(df))
         stats = NoiseStats(ExactSums.of(z, plan.variables[v.key], start), {v.column: int(np.isnan(z).sum())},

@@ -7,7 +7,7 @@ uniform from a keyed pseudorandom function of (secret, record, variable, channel
 (pram_lib.core.memo), so a record whose value did not change is released identically every time, and a changed
 value gets its own permanent draw.
 
-The per-record ledger (`records.npz` beside the secret) keeps, per record, keyed hashes only: the record's tag,
+The per-record ledger (`records.npy` beside the secret) keeps, per record, keyed hashes only: the record's tag,
 its cumulative ε, and per variable the pair tag (record, value) last released and every pair tag released
 before. A record pays a variable's ε once per distinct value released for it; a record whose next new value
 would pass the population's cap has that variable released as missing (it pays nothing more).
@@ -17,7 +17,9 @@ Writes are atomic (a temporary file renamed) and one release at a time holds the
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import json
 import os
 import secrets
 from contextlib import contextmanager
@@ -31,7 +33,8 @@ import pandas as pd
 from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
-SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npz", "lock"
+SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npy", "lock"
+LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw format (read, then replaced)
 SECRET_BYTES = 32
 ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
 RECORD_TAG = tag_of("record")
@@ -58,27 +61,97 @@ class PanelState:
     channels: dict[str, str] = field(default_factory=dict)        # variable -> fingerprint of its last channel
     releases: int = 0
 
-    def positions(self, rtag: np.ndarray) -> np.ndarray:
-        """Each record's row in the ledger, -1 for a record never released: a sort-merge join (the tags sorted,
-        then np.searchsorted in the sorted ledger; numpy's sort is far cheaper than a hash table at 10^7)."""
-        pos = np.full(rtag.size, -1, dtype=np.int64)
-        if not self.records.size or not rtag.size:
-            return pos
-        order = np.argsort(rtag)
-        wanted = rtag[order]
-        at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
-        pos[order] = np.where(self.records[at] == wanted, at, -1)
-        return pos
+    _index: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def positions(self, rtag: np.ndarray) -> np.ndarray:
+        """Each record's row in the ledger, -1 for a record never released (the ledger's records alone are read)."""
+        return self.lookup(rtag, (), with_loss=False)[0]
+
+    def lookup(self, rtag: np.ndarray, variables=(),
+               with_loss: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Each record's row in the ledger (-1: never released), its cumulative ε (0 when new) and, per variable of
+        `variables` the ledger has, its last released pair tag (0 when none), in one pass: the C kernel
+        `panel_lookup` (a bucket index on the tags' top bits, pram_lib/core/_fastpath.c), or its numpy twin
+        `lookup_numpy`, which gives the same arrays."""
+        from pram_lib.core import fastpath
+
+        rtag = np.ascontiguousarray(rtag, dtype=np.uint64)
+        names = [v for v in variables if v in self.last]
+        lib = fastpath.keep_uniform_kernel()
+        if lib is None or not self.records.size or not rtag.size:
+            return self.lookup_numpy(rtag, names, with_loss)
+        index, shift = self.bucket_index()
+        columns = [self.last[v] if self.last[v].dtype == np.uint64 and self.last[v].ndim == 1 and
+                   self.last[v].strides[0] % 8 == 0 else np.ascontiguousarray(self.last[v], dtype=np.uint64)
+                   for v in names]   # a column of the row-major table as it is (no copy)
+        strides = np.array([c.strides[0] // 8 for c in columns] or [1], dtype=np.int64)
+        loss = np.ascontiguousarray(self.loss, dtype=np.float64) if with_loss else None
+        records = np.ascontiguousarray(self.records, dtype=np.uint64)
+        if (with_loss and self.loss.size != records.size) or any(c.size != records.size for c in columns):
+            raise PanelError("the per-record ledger's arrays differ in length")   # the C kernel reads them by row
+        pos, loss_out = np.empty(rtag.size, dtype=np.int64), np.empty(rtag.size if with_loss else 0)
+        lasts = {v: np.empty(rtag.size, dtype=np.uint64) for v in names}
+        pointers = (ctypes.c_void_p * max(len(names), 1))(*(c.ctypes.data for c in columns))
+        outs = (ctypes.c_void_p * max(len(names), 1))(*(a.ctypes.data for a in lasts.values()))
+        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, None if loss is None else loss.ctypes.data,
+                            pointers, strides.ctypes.data, len(names),
+                            rtag.ctypes.data, rtag.size, pos.ctypes.data, loss_out.ctypes.data, outs)
+        return pos, loss_out, lasts
+
+    def lookup_numpy(self, rtag: np.ndarray, variables=(),
+                     with_loss: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """`lookup` in numpy: a sort-merge join (the tags sorted, then np.searchsorted in the sorted ledger)."""
+        names = [v for v in variables if v in self.last]
+        pos = np.full(rtag.size, -1, dtype=np.int64)
+        if self.records.size and rtag.size:
+            order = np.argsort(rtag)
+            wanted = rtag[order]
+            at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
+            pos[order] = np.where(self.records[at] == wanted, at, -1)
+        known = pos >= 0
+        loss = np.zeros(rtag.size if with_loss else 0)
+        if with_loss:
+            loss[known] = self.loss[pos[known]]
+        lasts = {}
+        for v in names:
+            lasts[v] = np.zeros(rtag.size, dtype=np.uint64)
+            lasts[v][known] = self.last[v][pos[known]]
+        return pos, loss, lasts
+
+    def bucket_index(self) -> tuple[np.ndarray, int]:
+        """(index, shift): index[b] is the first row whose tag >> shift is at least b, about 2^-3 as many buckets as
+        records (so a few rows each: the tags are keyed hashes, uniform on 64 bits). Made once per ledger read, by
+        the C kernel `panel_index` or numpy (np.bincount), which give the same index."""
+        from pram_lib.core import fastpath
+
+        if self._index is None:
+            bits = max(1, int(self.records.size - 1).bit_length() - 3)
+            shift = 64 - bits
+            index = np.zeros((1 << bits) + 1, dtype=np.int64)
+            lib = fastpath.keep_uniform_kernel()
+            records = np.ascontiguousarray(self.records, dtype=np.uint64)
+            if lib is None:
+                np.cumsum(np.bincount((records >> np.uint64(shift)).astype(np.intp), minlength=1 << bits),
+                          out=index[1:])
+            else:
+                lib["panel_index"](records.ctypes.data, records.size, shift, 1 << bits, index.ctypes.data)
+            self._index = (index, shift)
+        return self._index
+
+    def seen(self, variable: str, pos: np.ndarray, pair: np.ndarray,
+             last: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(whether each pair is its record's last released pair, whether it was never released for the record):
-        the record's last pair first (most records), then the sorted history for the rest (np.searchsorted)."""
+        the record's last pair first (most records; `last`, the rows' last pairs from `lookup`, when given), then
+        the sorted history for the rest (np.searchsorted)."""
         is_last = np.zeros(pair.size, dtype=bool)
-        last = self.last.get(variable)
-        if last is None or not self.records.size:
+        if variable not in self.last or not self.records.size:
             return is_last, np.ones(pair.size, dtype=bool)
         known = pos >= 0
-        is_last[known] = last[pos[known]] == pair[known]
+        if last is None:
+            last = np.zeros(pair.size, dtype=np.uint64)
+            last[known] = self.last[variable][pos[known]]
+        np.equal(last, pair, out=is_last)
+        is_last &= known
         new = ~is_last
         rest = np.flatnonzero(known & new)
         hist = self.history[variable]
@@ -86,12 +159,6 @@ class PanelState:
             at = np.minimum(np.searchsorted(hist, pair[rest]), hist.size - 1)
             new[rest] = hist[at] != pair[rest]
         return is_last, new
-
-    def loss_of(self, pos: np.ndarray) -> np.ndarray:
-        out = np.zeros(pos.size)
-        known = pos >= 0
-        out[known] = self.loss[pos[known]]
-        return out
 
 
 class PanelStore:
@@ -105,7 +172,7 @@ class PanelStore:
         a population never released gets a throwaway one (its ledger is empty: nothing depends on it)."""
         path = self.folder / SECRET_FILE
         if not create and not path.exists():
-            if (self.folder / STATE_FILE).exists():
+            if (self.folder / STATE_FILE).exists() or (self.folder / LEGACY_STATE_FILE).exists():
                 raise PanelError(f"{path}: the population's secret is missing beside its ledger; restore it from "
                                  "the private store's backup, or release under a new population key")
             return secrets.token_bytes(SECRET_BYTES)
@@ -126,7 +193,7 @@ class PanelStore:
         return path.read_bytes()
 
     def exists(self) -> bool:
-        return (self.folder / STATE_FILE).is_file() or (self.folder / SECRET_FILE).is_file()
+        return any((self.folder / f).is_file() for f in (STATE_FILE, LEGACY_STATE_FILE, SECRET_FILE))
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -142,36 +209,108 @@ class PanelStore:
     def load(self) -> PanelState:
         path = self.folder / STATE_FILE
         if not path.is_file():
-            return PanelState()
+            return self._load_npz(self.folder / LEGACY_STATE_FILE) if (self.folder / LEGACY_STATE_FILE).is_file() \
+                else PanelState()
+        try:
+            arrays = read_ledger(path)
+            head = json.loads(arrays.pop("header").item())
+            names, channels = list(head["variables"]), list(head["channels"])
+            if head.get("format") != LEDGER_FORMAT or len(channels) != len(names):
+                raise ValueError("not a per-record ledger of this version")
+            records, loss, table = arrays["records"], arrays["loss"], arrays["lasts"]
+            if table.shape != (records.size, len(names)) or table.dtype != np.uint64 or not table.flags.c_contiguous:
+                raise ValueError("its table of last pairs does not match")
+            state = PanelState(records, loss, {n: table[:, j] for j, n in enumerate(names)},
+                               {n: arrays[f"history_{j}"] for j, n in enumerate(names)},
+                               dict(zip(names, map(str, channels))), int(head["releases"]))
+            if records.dtype != np.uint64 or loss.dtype != np.float64 or loss.size != records.size:
+                raise ValueError("its arrays do not match")
+            if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
+                raise ValueError("its records are not sorted")
+            return state
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+            raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
+                             "store's backup (releasing without it would charge every record afresh)") from None
+
+    def _load_npz(self, path: Path) -> PanelState:
+        """The ledger as releases before its raw format wrote it (a zip of .npy files); the next save replaces it."""
         try:
             with np.load(path, allow_pickle=False) as z:
                 names = [str(n) for n in z["variables"]]
                 if z["records"].size > 1 and not bool(np.all(z["records"][1:] > z["records"][:-1])):
                     raise ValueError("its records are not sorted")
-                return PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
-                                  {n: z[f"history_{j}"] for j, n in enumerate(names)},
-                                  dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
+                state = PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
+                                   {n: z[f"history_{j}"] for j, n in enumerate(names)},
+                                   dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
+                if any(a.size != state.records.size for a in (state.loss, *state.last.values())):
+                    raise ValueError("its arrays differ in length")
+                return state
         except (OSError, ValueError, KeyError) as exc:
             raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
                              "store's backup (releasing without it would charge every record afresh)") from None
 
     def save(self, state: PanelState) -> None:
-        """Atomically: a temporary file, fsync'd, renamed over the old one."""
-        names = sorted(state.last)
-        arrays = {"records": state.records, "loss": state.loss, "variables": np.array(names, dtype=str),
-                  "channels": np.array([state.channels.get(n, "") for n in names], dtype=str),
-                  "releases": np.array(state.releases)}
-        for j, n in enumerate(names):
-            arrays[f"last_{j}"], arrays[f"history_{j}"] = state.last[n], state.history[n]
+        """Atomically: a temporary file, fsync'd, renamed over the old one. The file is .npy arrays one after the
+        other (np.save to one open file; np.load reads them back in turn): a JSON header, records, loss, the last
+        pairs (one row per record, one column per variable), then each variable's history; written straight from
+        memory (no zip, no copy)."""
+        names, table = last_pair_table(state)
+        header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
+                  "releases": int(state.releases)}
+        arrays = [("header", np.array(json.dumps(header))), ("records", state.records), ("loss", state.loss),
+                  ("lasts", table)] + [(f"history_{j}", state.history[n]) for j, n in enumerate(names)]
         tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:   # owner only
-            np.savez(f, **arrays)
+            for _, a in arrays:
+                np.save(f, np.ascontiguousarray(a), allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.folder / STATE_FILE)
+        (self.folder / LEGACY_STATE_FILE).unlink(missing_ok=True)
 
 
-Sparse = tuple[np.ndarray, np.ndarray]   # (rows of the release, values)
+LEDGER_FORMAT = "pram-release per-record ledger 2"   # 1: records.npz
+LEDGER_ARRAYS = ("header", "records", "loss", "lasts")   # then history_j per variable
+
+
+def last_pair_table(state: PanelState) -> tuple[list[str], np.ndarray]:
+    """(variables, table): the ledger's last pairs as one row-major uint64 table, a column per variable. When the
+    state's columns are the columns of one table (as `settled` and `load` make them), that table as it is (a
+    read-only view of their memory: no copy); else stacked."""
+    names = list(state.last)
+    cols = [state.last[v] for v in names]
+    n, k = state.records.size, len(cols)
+    if not cols:
+        return names, np.empty((n, 0), dtype=np.uint64)
+    first, base = cols[0], cols[0].base
+    if isinstance(base, np.ndarray) and all(
+            c.base is base and c.dtype == np.uint64 and c.shape == (n,) and c.strides == (8 * k,) and
+            c.ctypes.data == first.ctypes.data + 8 * j for j, c in enumerate(cols)) and \
+            base.ctypes.data <= first.ctypes.data and first.ctypes.data + 8 * n * k <= base.ctypes.data + base.nbytes:
+        return names, np.lib.stride_tricks.as_strided(first, (n, k), (8 * k, 8), writeable=False)
+    return names, np.stack(cols, axis=1)
+
+
+def read_ledger(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a ledger file by name (np.load in turn, no pickles)."""
+    out = {}
+    with open(path, "rb") as f:
+        out["header"] = np.load(f, allow_pickle=False)
+        names = json.loads(out["header"].item())["variables"]
+        for name in LEDGER_ARRAYS[1:] + tuple(f"history_{j}" for j in range(len(names))):
+            out[name] = np.load(f, allow_pickle=False)
+        if f.read(1):
+            raise ValueError("it has bytes after its last array")
+    return out
+
+
+Sparse = tuple[np.ndarray | int, np.ndarray]   # (rows of the release, values); rows an int: every row of a chunk
+#                                               from that row on (a first release: no array of row numbers)
+
+
+def _sparse(start: int, rows: np.ndarray, values: np.ndarray) -> Sparse:
+    """`values` (one per row of the chunk from row `start`) at `rows` (ascending, within the chunk)."""
+    return (start, values) if rows.size == values.size else (start + rows, values[rows])
 
 
 @dataclass
@@ -186,18 +325,22 @@ class PanelChunk:
     pairs: dict[str, list[Sparse]] = field(default_factory=dict)
     changed: dict[str, int] = field(default_factory=dict)   # records released before that paid for a new value
     blocked: dict[str, int] = field(default_factory=dict)
+    largest_loss: float = 0.0   # the largest cumulative ε of a record after this release
+    at_cap: int = 0             # the records whose next new value would pass the cap
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
         return PanelChunk(self.pos + other.pos, self.fresh + other.fresh, self.charge + other.charge,
                           {v: p + other.pairs[v] for v, p in self.pairs.items()},
                           {v: n + other.changed.get(v, 0) for v, n in self.changed.items()},
-                          {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()})
+                          {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()},
+                          max(self.largest_loss, other.largest_loss), self.at_cap + other.at_cap)
 
 
 def _joined(parts: list[Sparse], dtype) -> Sparse:
     if not parts:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
-    return np.concatenate([r for r, _ in parts]), np.concatenate([x for _, x in parts])
+    return (np.concatenate([np.arange(r, r + x.size) if isinstance(r, (int, np.integer)) else r for r, x in parts]),
+            np.concatenate([x for _, x in parts]))
 
 
 @dataclass
@@ -228,56 +371,78 @@ class Memo:
         """The memo of the chunk of source rows start .. start + len(df)."""
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
-        pos = self.state.positions(rtag)
-        return MemoChunk(self, rid, pos, rtag, self.base + self.state.loss_of(pos), start)
+        pos, ledger_loss, lasts = self.state.lookup(rtag, self.charged)
+        return MemoChunk(self, rid, pos, rtag, ledger_loss, start, lasts)
 
 
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
-        """The ledger after this release, and its summary (counts only)."""
+        """The ledger after this release, and its summary (counts only). The newcomers are inserted where they sort
+        (np.searchsorted in the ledger, then one np.insert per array: a copy, no sort of the ledger); only
+        the rows that paid or released a new value are then updated."""
         old = self.state
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
-        twice = int((np.bincount(pos[pos >= 0], minlength=old.records.size) > 1).sum()) if old.records.size else 0
-        rank = np.argsort(fresh_tags)
-        newcomers = fresh_tags[rank]
+        twice = 0
+        if old.records.size:
+            known = pos[pos >= 0]
+            hit = np.zeros(old.records.size, dtype=bool)
+            hit[known] = True
+            twice = known.size - int(np.count_nonzero(hit))
+            del hit, known
+        newcomers = np.sort(fresh_tags)
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
                              "it is a statistic of the source): a longitudinal release has one row per person")
-        # the ledger stays sorted by tag: merge the newcomers in (two sorted runs; the stable sort merges them)
-        merged = np.concatenate([old.records, newcomers])
-        order = np.argsort(merged, kind="stable")
-        where = np.empty(order.size, dtype=np.int64)
-        where[order] = np.arange(order.size)          # old row (then newcomer rank) -> new row
-        known = pos >= 0
-        pos[known] = where[pos[known]]
-        fresh_at = np.empty(rank.size, dtype=np.int64)
-        fresh_at[rank] = where[old.records.size + np.arange(rank.size)]
-        pos[fresh_rows] = fresh_at
-        n = merged.size
-        records = merged[order]
-        loss = np.concatenate([old.loss, np.zeros(fresh_rows.size)])[order]
+        ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
+        m, n = old.records.size, old.records.size + ins.size
+        records = np.insert(old.records, ins, newcomers) if ins.size else old.records
+        if ins.size:   # every row's record in the new ledger
+            if m:      # an old row moves down by the newcomers inserted before it (a prefix count)
+                moved_by = np.cumsum(np.bincount(ins, minlength=m + 1)[:m])
+                known = np.flatnonzero(pos >= 0)
+                pos[known] += moved_by[pos[known]]
+                del moved_by, known
+            pos[fresh_rows] = PanelState(records).positions(fresh_tags)
+
+        def grown(a: np.ndarray | None, fill, dtype) -> np.ndarray:
+            if a is None or not m:
+                return np.full(n, fill, dtype=dtype)
+            return np.insert(a, ins, fill) if ins.size else a.copy()
+
+        # an array nothing changes is the old one, shared (the old state is read, never written)
         paid_rows, paid = _joined(chunks.charge, np.float64)
+        loss = old.loss if m and not ins.size and not paid.size else grown(old.loss, 0.0, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
-        for v in self.charged:
-            lv = np.concatenate([old.last[v], np.zeros(fresh_rows.size, dtype=np.uint64)])[order] if v in old.last \
-                else np.zeros(n, dtype=np.uint64)
-            rows, pair = _joined(chunks.pairs[v], np.uint64)
+        names, before_table = last_pair_table(old) if m else ([], None)
+        pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
+        if names == self.charged and m:   # the same variables: the old table copied whole, newcomers' rows 0
+            table = np.insert(before_table, ins, 0, axis=0) if ins.size else \
+                before_table if not any(p.size for _, p in pairs.values()) else before_table.copy()
+        else:                             # row-major: a record's last pairs together
+            table = np.zeros((n, len(self.charged)), dtype=np.uint64)
+            for j, v in enumerate(self.charged):
+                if v in old.last and m:
+                    table[:, j] = np.insert(old.last[v], ins, 0) if ins.size else old.last[v]
+        for j, v in enumerate(self.charged):
+            lv = table[:, j]
+            before = old.last.get(v)
+            rows, pair = pairs.pop(v)
             at = pos[rows]
-            replaced = lv[at]
-            lv[at] = pair
+            replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0
+            if at.size:
+                lv[at] = pair
             last[v] = lv
-            added = np.sort(replaced[replaced != 0])      # then two sorted runs, which the stable sort merges
-            history[v] = np.sort(np.concatenate([old.history[v], added]), kind="stable") if v in old.history else added
+            added = np.sort(replaced[replaced != 0])
+            before = old.history.get(v)
+            history[v] = added if before is None else \
+                np.insert(before, np.searchsorted(before, added), added) if added.size else before
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
-        smallest = min((e for e in self.epsilon.values() if e > 0), default=0.0)
-        total = self.base + loss[pos]
         summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
                    "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),
                    "largest_charge": float(paid.max()) if paid.size else 0.0,
-                   "at_cap": int((total + smallest > self.cap + ROUNDING).sum()) if smallest else 0,
-                   "largest_loss": float(total.max()) if pos.size else 0.0, "cap": self.cap,
+                   "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if pos.size else 0.0, "cap": self.cap,
                    "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                    "channel_changed": sorted(v for v, fp in self.fingerprints.items()
                                              if v in old.channels and old.channels[v] != fp),
@@ -289,11 +454,16 @@ class MemoChunk:
     """A chunk's memoized randomness and its accounting, variable by variable in spec order: `admit` charges the
     records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
 
-    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, loss: np.ndarray, start: int):
-        self.memo, self.rid, self.pos, self.rtag, self.loss, self.start = memo, rid, pos, rtag, loss, start
+    def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, ledger_loss: np.ndarray,
+                 start: int, lasts: dict[str, np.ndarray] | None = None):
+        self.memo, self.rid, self.pos, self.rtag, self.start = memo, rid, pos, rtag, start
+        self.ledger_loss = ledger_loss     # each row's cumulative ε in the ledger read (0: a newcomer)
+        self.loss = memo.base + ledger_loss
+        self.lasts = lasts or {}   # variable -> each row's last released pair tag (0: none), from the ledger
         self.charge = np.zeros(rid.size)
-        fresh = np.flatnonzero(pos < 0)
-        self.out = PanelChunk([pos], [(start + fresh, rtag[fresh])], [])
+        self.known = pos >= 0
+        fresh = np.flatnonzero(~self.known)
+        self.out = PanelChunk([pos], [_sparse(start, fresh, rtag)], [])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -307,22 +477,28 @@ class MemoChunk:
         ok = np.ones(h.size, dtype=bool)
         if eps <= 0:   # memoized, not accounted (a noise channel spends no ε)
             return ok
-        last, new = memo.state.seen(variable, self.pos, h)
+        last, new = memo.state.seen(variable, self.pos, h, self.lasts.get(variable))
         new &= live
-        ok = ~new | (self.loss + eps <= memo.cap + ROUNDING)
+        ok = self.loss + eps <= memo.cap + ROUNDING
+        ok |= ~new
         paid = new & ok
-        self.loss[paid] += eps
-        self.charge[paid] += eps
+        np.add(self.loss, eps, out=self.loss, where=paid)
+        np.add(self.charge, eps, out=self.charge, where=paid)
         moved = np.flatnonzero(live & ok & ~last)      # the pairs that become the record's last
-        self.out.pairs[variable] = [(self.start + moved, h[moved])]
-        self.out.changed[variable] = int((paid & (self.pos >= 0)).sum())
-        self.out.blocked[variable] = int((~ok).sum())
+        self.out.pairs[variable] = [_sparse(self.start, moved, h)]
+        self.out.changed[variable] = int(np.count_nonzero(paid & self.known))
+        self.out.blocked[variable] = ok.size - int(np.count_nonzero(ok))
         return ok
 
     def finish(self) -> PanelChunk:
         """The chunk's accounting, once every variable is admitted."""
         paid = np.flatnonzero(self.charge)
-        self.out.charge = [(self.start + paid, self.charge[paid])]
+        self.out.charge = [_sparse(self.start, paid, self.charge)]
+        if self.rid.size:   # as the ledger will hold it: its ε before, plus this release's charges
+            total = self.memo.base + (self.ledger_loss + self.charge)
+            smallest = min((e for e in self.memo.epsilon.values() if e > 0), default=0.0)
+            self.out.largest_loss = float(total.max())
+            self.out.at_cap = int((total + smallest > self.memo.cap + ROUNDING).sum()) if smallest else 0
         return self.out
 
     def uniforms(self, variable: str, part: int = 0) -> np.ndarray:
@@ -333,11 +509,10 @@ class MemoChunk:
             return hash_to_uniform(h)
         return self.memo.prf.uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
 
-    def open_uniforms(self, variable: str, part: int, rows: np.ndarray | None = None) -> np.ndarray:
-        """The `part`-th permanent uniform in (0, 1) of `rows` (all rows when None), for samplers that invert
-        or take logarithms."""
-        h = self._hash[variable] if rows is None else self._hash[variable][rows]
-        return self.memo.prf.open_uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
+    def keyed(self, variable: str) -> tuple[KeyedPrf, np.ndarray]:
+        """The population's PRF and each row's pair hash for `variable`, for a sampler that draws its own keyed
+        uniforms from them (the memoized Gamma noise: pram_lib.channels.gamma_law.sample_keyed)."""
+        return self.memo.prf, self._hash[variable]
 
     def panel_ids(self) -> np.ndarray:
         """The released pseudonym of each row: the top 53 bits of the record's keyed tag, an int64 that every format

@@ -168,8 +168,8 @@ def test_the_private_store_holds_no_raw_key_or_value(tmp_path):
         assert int(k).to_bytes(8, "little") not in blob and str(k).encode() not in blob
     for label in ("blue", "green", "north", "south"):
         assert label.encode() not in blob
-    with np.load(folder / panel.STATE_FILE) as z:
-        ints = np.concatenate([z[n].view(np.int64).ravel() for n in z.files if z[n].dtype.kind in "iu"])
+    z = panel.read_ledger(folder / panel.STATE_FILE)
+    ints = np.concatenate([a.view(np.int64).ravel() for a in z.values() if a.dtype.kind in "iu"])
     assert not np.isin(keys, ints).any()
     assert not np.isin(np.round(df["score"].to_numpy(), 1).view(np.int64), ints).any()
 
@@ -311,17 +311,60 @@ def test_a_missing_key_is_refused_at_the_key_field(tmp_path):
 
 @pytest.mark.parametrize("theta", [0.5, 0.6, 1.0, 2.5])
 def test_memoized_noise_has_the_two_sided_gamma_law(theta):
-    """sample_from_uniforms (the memoized noise) against the two-sided Gamma CDF: Kolmogorov–Smirnov at the 0.1 %
-    level over 200,000 draws fed with independent uniforms (fixed seed)."""
+    """sample_keyed (the memoized noise, C kernel) against the two-sided Gamma CDF: Kolmogorov–Smirnov at the 0.1 %
+    level over 200,000 draws from distinct hashes under a fixed secret; and E|Y| = ϑη within 5 standard errors."""
     from scipy import stats
 
-    from pram_lib.channels.gamma_law import TwoSidedGamma, sample_from_uniforms
+    from pram_lib.channels.gamma_law import TwoSidedGamma, moments, sample_keyed
+    from pram_lib.core import fastpath
 
-    rng = np.random.default_rng(int(theta * 10))
-    n, us = 200_000, {}
-    y = sample_from_uniforms(theta, 2.0, lambda j, rows: us.setdefault(j, rng.random(n))[slice(None) if rows is None
-                                                                                       else rows], n)
+    assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
+    n = 200_000
+    h = KeyedPrf(b"a fixed secret for the KS test").hashes(np.arange(n), 1, 0)
+    y = sample_keyed(theta, 2.0, KeyedPrf(bytes(range(16))), h)
     assert stats.kstest(y, TwoSidedGamma(theta, 2.0).cdf).pvalue > 1e-3
+    m = moments(theta, 2.0)
+    assert abs(np.abs(y).mean() - m["abs_mean"]) < 5 * math.sqrt((m["var"] - m["abs_mean"] ** 2) / n)
+
+
+@pytest.mark.parametrize("theta", [0.05, 0.5, 0.6, 1.0, 1.0 / 3.0 + 1e-9, 2.5, 50.0])
+def test_keyed_gamma_kernel_equals_its_numpy_twin(theta):
+    """The C kernel and the numpy twin give the same bits, on random hashes and the 64-bit ends, for shapes below,
+    at and above 1 (tiny and large); enough rows that some are accepted only at the second, third or later attempt
+    (Marsaglia–Tsang rejects a few per cent); the same hash gives the same draw, another tag another."""
+    from pram_lib.channels.gamma_law import sample_keyed, sample_keyed_numpy
+
+    prf = KeyedPrf(b"twin test secret, 16+ bytes")
+    h = np.concatenate([EDGE, np.random.default_rng(int(theta * 100)).integers(0, 2**64, 20_000, dtype=np.uint64)])
+    c, twin = sample_keyed(theta, 1.5, prf, h, 11), sample_keyed_numpy(theta, 1.5, prf, h, 11)
+    assert np.array_equal(c, twin) and np.isfinite(c).all()
+    assert np.array_equal(sample_keyed(theta, 1.5, prf, h[::-1], 11), c[::-1])
+    assert not np.array_equal(sample_keyed(theta, 1.5, prf, h, 12), c)
+
+
+def test_keyed_gamma_numpy_twin_takes_later_attempts():
+    """The twin's attempts past the first (the sine normal of a Box–Muller pair, then a new pair) are exercised: at a
+    shape where Marsaglia–Tsang rejects often enough (a = 1.05), 20,000 rows include some accepted at attempt 3+."""
+    from pram_lib.channels import gamma_law
+
+    prf = KeyedPrf(b"twin test secret, 16+ bytes")
+    h = np.random.default_rng(4).integers(0, 2**64, 20_000, dtype=np.uint64)
+    d, c, *_ = gamma_law._keyed_constants(1.05)
+    def attempt(hi: int) -> int:   # the attempt that accepts, by the C kernel's rule, in Python floats
+        r = angle = 0.0
+        for k in itertools.count():
+            m = k >> 1
+            if k % 2 == 0:
+                r = math.sqrt(-2.0 * math.log(prf.open_uniforms(np.array([hi], np.uint64), 11, 1 + 4 * m)[0]))
+                angle = 2.0 * math.pi * prf.open_uniforms(np.array([hi], np.uint64), 11, 2 + 4 * m)[0]
+            x = r * (math.cos(angle) if k % 2 == 0 else math.sin(angle))
+            u = prf.open_uniforms(np.array([hi], np.uint64), 11, 3 + 4 * m + (k & 1))[0]
+            v = (1.0 + c * x) ** 3
+            if v > 0 and math.log(u) < 0.5 * x * x + d - d * v + d * math.log(v):
+                return k
+    ks = [attempt(int(x)) for x in h[:3000]]
+    assert max(ks) >= 2
+    assert np.array_equal(gamma_law.sample_keyed(1.05, 1.0, prf, h, 11), gamma_law.sample_keyed_numpy(1.05, 1.0, prf, h, 11))
 
 
 def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
@@ -353,3 +396,197 @@ def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
         pd.testing.assert_frame_equal(a, b)
         assert sa == sb
     assert np.array_equal(m_loss, s_loss)
+
+
+# ---- the ledger's lookup: the C kernel (panel_lookup, panel_index) against numpy and a dict ----------------------
+def ledger(records: np.ndarray, rng, variables=("a", "b"), table: bool = False) -> panel.PanelState:
+    """A ledger of random loss and last pairs: separate arrays, or the columns of one row-major table (as saved)."""
+    records = np.unique(records.astype(np.uint64))
+    lasts = rng.integers(1, 2**63, (records.size, len(variables)), dtype=np.uint64)
+    return panel.PanelState(records, rng.random(records.size),
+                            {v: lasts[:, j] if table else lasts[:, j].copy() for j, v in enumerate(variables)},
+                            {v: np.empty(0, np.uint64) for v in variables})
+
+
+EDGE = np.array([0, 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1], dtype=np.uint64)
+
+
+@pytest.mark.parametrize("table", [False, True])
+@pytest.mark.parametrize("m", [0, 1, 2, 7, 64, 5000])
+def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, monkeypatch):
+    """Each tag's row, ε and last pairs: the C kernel, the numpy twin and a dict agree, on ledgers of every size
+    (empty, one row, buckets of one and of many rows), the 64-bit ends, absent and repeated tags, a variable the
+    ledger does not have; and so do the bucket indexes of C and numpy."""
+    from pram_lib.core import fastpath
+
+    assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
+    rng = np.random.default_rng(m)
+    drawn = rng.integers(0, 2**64, m, dtype=np.uint64, endpoint=False)
+    state = ledger(np.concatenate([drawn, EDGE[:min(m, 4)]]) if m else drawn, rng, table=table)
+    clustered = state.records[:1] + np.arange(3, dtype=np.uint64) if m else EDGE[:0]   # neighbours of a row
+    tags = np.concatenate([state.records, rng.integers(0, 2**64, 300, dtype=np.uint64), EDGE, clustered,
+                           state.records[::3]])
+    tags = tags[rng.permutation(tags.size)]
+    pos, loss, lasts = state.lookup(tags, ["a", "b", "new"])
+    row = {int(t): j for j, t in enumerate(state.records)}
+    want = np.array([row.get(int(t), -1) for t in tags], dtype=np.int64)
+    assert np.array_equal(pos, want)
+    at = np.maximum(want, 0)
+    assert np.array_equal(loss, np.where(want >= 0, state.loss[at] if m else 0.0, 0.0))
+    assert sorted(lasts) == ["a", "b"]
+    for v in ("a", "b"):
+        assert np.array_equal(lasts[v], np.where(want >= 0, state.last[v][at] if m else 0, 0).astype(np.uint64))
+    twin = state.lookup_numpy(tags, ["a", "b", "new"])
+    assert np.array_equal(twin[0], pos) and np.array_equal(twin[1], loss)
+    assert all(np.array_equal(twin[2][v], lasts[v]) for v in ("a", "b"))
+    assert np.array_equal(panel.PanelState(state.records).positions(tags), want)   # rows only: no ε read
+    if m:
+        c_index = state.bucket_index()
+        monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+        assert np.array_equal(panel.PanelState(state.records).positions(tags), want)
+        fresh = ledger(state.records, rng)
+        np_index = fresh.bucket_index()
+        assert c_index[1] == np_index[1] and np.array_equal(c_index[0], np_index[0])
+        index, shift = np_index
+        first = np.array([np.searchsorted(state.records >> np.uint64(shift), b) for b in range(index.size)])
+        assert np.array_equal(index, first)
+
+
+def test_seen_with_gathered_last_pairs_equals_seen_without():
+    """`seen` given the rows' last pairs from `lookup` decides as it does reading the ledger itself."""
+    rng = np.random.default_rng(5)
+    state = ledger(rng.integers(0, 2**64, 2000, dtype=np.uint64), rng, ("a",))
+    state.history["a"] = np.sort(rng.integers(1, 2**63, 500, dtype=np.uint64))
+    tags = np.concatenate([state.records[:1500], rng.integers(0, 2**64, 100, dtype=np.uint64)])
+    pos, _, lasts = state.lookup(tags, ["a"])
+    pair = np.where(rng.random(tags.size) < 0.5, lasts["a"], state.history["a"][rng.integers(0, 500, tags.size)])
+    pair[rng.random(tags.size) < 0.2] = rng.integers(1, 2**63, dtype=np.uint64)
+    a, b = state.seen("a", pos, pair, lasts["a"]), state.seen("a", pos, pair)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    known = pos >= 0
+    assert np.array_equal(a[0], known & (lasts["a"] == pair))
+    assert np.array_equal(a[1], ~a[0] & ~(known & np.isin(pair, state.history["a"])))
+
+
+def test_the_ledger_file_round_trips_owner_only_and_a_damaged_one_is_refused(tmp_path):
+    """records.npy: .npy arrays in turn (np.load reads them back exactly), mode 0600; cut short, or with bytes after
+    its last array, it is refused with the file named and the fix."""
+    rng = np.random.default_rng(8)
+    state = ledger(rng.integers(0, 2**64, 1000, dtype=np.uint64), rng, ("b", "a"))
+    state.history["a"] = np.sort(rng.integers(1, 2**63, 30, dtype=np.uint64))
+    state.channels, state.releases = {"a": "fa", "b": "fb"}, 4
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    store.save(state)
+    path = store.folder / panel.STATE_FILE
+    assert path.stat().st_mode & 0o777 == 0o600 and not list(store.folder.glob(".*tmp"))
+    back = store.load()
+    assert np.array_equal(back.records, state.records) and np.array_equal(back.loss, state.loss)
+    assert back.channels == state.channels and back.releases == 4
+    assert panel.last_pair_table(back)[1].shape == (1000, 2)    # read as one row-major table, a column per variable
+    tags = np.concatenate([state.records[::7], rng.integers(0, 2**64, 50, dtype=np.uint64)])
+    got, want = back.lookup(tags, ["a", "b"]), state.lookup_numpy(tags, ["a", "b"])
+    assert np.array_equal(got[0], want[0]) and all(np.array_equal(got[2][v], want[2][v]) for v in "ab")
+    for v in ("a", "b"):
+        assert np.array_equal(back.last[v], state.last[v]) and np.array_equal(back.history[v], state.history[v])
+    whole = path.read_bytes()
+    for damaged in (whole[:-9], whole + b"\0"):
+        path.write_bytes(damaged)
+        with pytest.raises(panel.PanelError, match=r"records\.npy: the per-record ledger cannot be read.*restore"):
+            store.load()
+
+
+def test_a_ledger_in_the_former_zip_format_is_read_and_replaced(tmp_path):
+    """A population whose ledger an earlier version wrote (records.npz) releases on: it is read as it was, and the
+    next save writes records.npy and removes it (one ledger, never two)."""
+    rng = np.random.default_rng(9)
+    state = ledger(rng.integers(0, 2**64, 500, dtype=np.uint64), rng, ("a",))
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    np.savez(store.folder / panel.LEGACY_STATE_FILE, records=state.records, loss=state.loss,
+             variables=np.array(["a"]), channels=np.array(["fa"]), releases=np.array(3),
+             last_0=state.last["a"], history_0=state.history["a"])
+    assert store.exists()
+    back = store.load()
+    assert np.array_equal(back.records, state.records) and np.array_equal(back.last["a"], state.last["a"])
+    assert back.channels == {"a": "fa"} and back.releases == 3
+    store.save(back)
+    assert sorted(p.name for p in store.folder.iterdir()) == [panel.STATE_FILE]
+    assert np.array_equal(store.load().loss, state.loss)
+
+
+@pytest.mark.parametrize("table", [False, True])
+@pytest.mark.parametrize("old_size, new_size", [(0, 300), (400, 0), (400, 150), (1, 1)])
+def test_settled_equals_a_dict_of_records(old_size, new_size, table):
+    """The settled ledger against a dict per record: newcomers inserted in tag order, ε added where paid, each
+    variable's last pair replaced where released and the replaced one added to its sorted history; a variable the
+    ledger did not have starts at 0, one no longer released is dropped; in two chunks, one kept without row numbers."""
+    rng = np.random.default_rng(old_size + new_size + table)
+    state = ledger(rng.integers(0, 2**64, old_size, dtype=np.uint64), rng, ("a", "gone"), table=table)
+    state.history = {"a": np.sort(rng.integers(1, 2**63, 20, dtype=np.uint64)), "gone": np.empty(0, np.uint64)}
+    memo = panel.Memo(KeyedPrf(bytes(16)), state, "k", 100.0, 0.0, {"a": 0.5, "b": 0.25}, {"a": "fa", "b": "fb"})
+    fresh_tags = rng.integers(0, 2**64, new_size, dtype=np.uint64)
+    n = old_size + new_size
+    pos = np.concatenate([rng.permutation(old_size), np.full(new_size, -1)]).astype(np.int64)
+    cut = n // 2   # two chunks: rows 0..cut-1 and cut..n-1
+    chunks = []
+    for lo, hi in ((0, cut), (cut, n)):
+        rows = np.arange(lo, hi)
+        fresh = rows[pos[rows] < 0]
+        paid = rows[rng.random(rows.size) < 0.5] if lo else rows    # the first chunk: every row paid and moved
+        c = panel.PanelChunk([pos[lo:hi]], [(fresh, fresh_tags[fresh - old_size])],
+                             [(lo, np.full(rows.size, 0.5)) if not lo else (paid, np.full(paid.size, 0.75))])
+        for v in ("a", "b"):
+            moved = rows if not lo else rows[rng.random(rows.size) < 0.3]
+            c.pairs[v] = [(lo, rng.integers(1, 2**63, rows.size, dtype=np.uint64)) if not lo else
+                          (moved, rng.integers(1, 2**63, moved.size, dtype=np.uint64))]
+            c.changed[v], c.blocked[v] = 0, 0
+        chunks.append(c)
+    got, _ = memo.settled(chunks[0] + chunks[1])
+    # the dict model
+    rec = {int(t): {"loss": float(state.loss[j]), "a": int(state.last["a"][j]), "b": 0} for j, t in
+           enumerate(state.records)}
+    tag_of_row = [int(state.records[p]) if p >= 0 else int(fresh_tags[r - old_size]) for r, p in enumerate(pos)]
+    for t in fresh_tags:
+        rec[int(t)] = {"loss": 0.0, "a": 0, "b": 0}
+    history = {"a": [int(x) for x in state.history["a"]], "b": []}
+    for c in chunks:
+        for rows, paid in c.charge:
+            rows = np.arange(rows, rows + paid.size) if isinstance(rows, int) else rows
+            for r, e in zip(rows, paid):
+                rec[tag_of_row[r]]["loss"] += e
+        for v in ("a", "b"):
+            for rows, pair in c.pairs[v]:
+                rows = np.arange(rows, rows + pair.size) if isinstance(rows, int) else rows
+                for r, x in zip(rows, pair):
+                    if rec[tag_of_row[r]][v]:
+                        history[v].append(rec[tag_of_row[r]][v])
+                    rec[tag_of_row[r]][v] = int(x)
+    order = sorted(rec)
+    assert got.records.tolist() == order and sorted(got.last) == ["a", "b"]
+    assert np.array_equal(got.loss, [rec[t]["loss"] for t in order])
+    for v in ("a", "b"):
+        assert got.last[v].tolist() == [rec[t][v] for t in order]
+        assert got.history[v].tolist() == sorted(history[v])
+    assert panel.last_pair_table(got)[1].shape == (len(order), 2)   # saved without a copy
+
+
+def test_a_release_that_changes_nothing_settles_without_copying_the_ledger(tmp_path):
+    """The same people with the same values again (a schedule's steady state): the settled ledger is the one read,
+    its arrays shared (no copy of 10^7-row arrays), the release counter moved on; the old state is left as read."""
+    rng = np.random.default_rng(12)
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    state = ledger(rng.integers(0, 2**64, 1000, dtype=np.uint64), rng, ("a", "b"))
+    store.save(state)
+    old = store.load()
+    before = {v: old.last[v].copy() for v in old.last}
+    memo = panel.Memo(KeyedPrf(bytes(16)), old, "k", 100.0, 0.0, {"a": 0.5, "b": 0.25}, {"a": "", "b": ""})
+    chunk = panel.PanelChunk([rng.permutation(1000).astype(np.int64)], [], [],
+                             {"a": [], "b": []}, {"a": 0, "b": 0}, {"a": 0, "b": 0})
+    new, summary = memo.settled(chunk)
+    assert new.releases == old.releases + 1 and summary["paid"] == 0 and summary["new_records"] == 0
+    assert np.shares_memory(new.loss, old.loss) and np.shares_memory(new.last["a"], old.last["a"])
+    assert all(np.array_equal(old.last[v], before[v]) and np.array_equal(new.last[v], before[v]) for v in before)
+    store.save(new)
+    assert np.array_equal(store.load().last["b"], before["b"])
