@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -17,8 +16,9 @@ from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, o
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec, fixed_seed  # noqa: F401
 from tasks.results import (estimate_task, internal_report_task, publish_task, settle_panel_task, stage_task,
                            validate_task)
+from tasks.cancel import armed
 from tasks.review import sign_off_task
-from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun  # noqa: F401
+from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun, release_named_in  # noqa: F401
 from tasks.run_log import (load_spec_task, population_slot, published_before_task, reserve_budget_task,
                            start_run_task)
 
@@ -30,13 +30,7 @@ def run_name() -> str:
     from prefect.runtime import flow_run
 
     path = Path(str(flow_run.parameters.get("spec_path", "")))
-    name = path.stem or "release"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            m = re.search(r"^release:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]{0,99})", f.read(65536), re.M)
-        name = m.group(1) if m else name
-    except OSError:
-        pass
+    name = release_named_in(str(path)) or path.stem or "release"
     return f"{name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
 
 
@@ -57,16 +51,16 @@ def release_flow(spec_path: str, engine: Engine | None = None, plan: str | None 
     with ReleaseRun(spec_path) as run:   # whatever fails: staging removed, audited, reservation cancelled
         spec = run.loaded(load_spec_task(spec_path, plan))   # a saved plan's spec and source, before reserving
         run.plan = plan
+        run.engine = engine or spec.engine.mode
+        run.tag()                                     # (a run refused before this is tagged when it fails)
         start_run_task(spec, spec_path, run.run_id)   # recovers runs killed earlier; journals this one
         if (earlier := published_before_task(spec)) is not None:   # a retry of a run that published
             return run.not_again(earlier)
         with population_slot(spec):                    # one release of a population at a time (if limited)
             reserve_budget_task(spec, run.run_id)     # population ε ledger: refused here, before any data is read
             run.reserved = True
-            run.engine = engine or spec.engine.mode
             with about_the_spec():
                 check_streamable(spec, run.engine)     # an --engine override meets the spec's needs too
-            run.tag()
             run.published(_release(run, spec.on_engine(run.engine)))
             return run.finish()
 
@@ -222,8 +216,13 @@ def run_release(spec_path: str, seed: int | None = None, engine: str | None = No
 
     context, settings = no_heartbeat_settings()
     try:
-        with fixed_seed(seed), SettingsContext(profile=context.profile, settings=settings):
-            return release_flow(spec_path, engine=engine, **options)
+        with fixed_seed(seed), SettingsContext(profile=context.profile, settings=settings), armed() as watch:
+            try:
+                return release_flow(spec_path, engine=engine, **options)
+            except StepFailed as exc:
+                if getattr(exc, "kind", None) == "CancelledFromUI":
+                    watch.mark_cancelled()   # the flow ended Failed with the cancellation: the run is Cancelled
+                raise
     except StepFailed as exc:
         original = getattr(exc, "original", None)
         if original is not None:

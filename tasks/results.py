@@ -69,7 +69,7 @@ def _plot_halves(estimates, noisy: bool):
 def validate_task(spec, profile, plan, totals, stage: publish.Stage, helpers: sidecar.Helpers | None = None) -> dict:
     """The gate: the GX suite in a helper process beside the statistical and exact checks here."""
     result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", helpers)
-    post(create_table_artifact, key=f"{release_key(spec)}-gx", table=result["gx"]["rows"],
+    post(create_table_artifact, key=f"{release_key(spec)}-gx", table=gx_rows(result["gx"]["rows"]),
          description=f"Great Expectations results ({result['gx']['scope']})")
     return _gate(result)
 
@@ -169,6 +169,15 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
     key = release_key(spec)
     post(create_markdown_artifact, key=f"{key}-report", markdown=ui_markdown(report, folder),
          description=f"Release report: {folder.name}")
+    rows = variables_rows(spec, assignments, overall)
+    post(create_table_artifact, key=f"{key}-variables", table=rows,
+         description="Variables: channel, ε and γ as in the report, a DP prior's ε0, ε spent, MI, TVD")
+    post(create_link_artifact, key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+
+
+def variables_rows(spec, assignments, overall) -> list[dict]:
+    """The UI's variables table, as the report's privacy table states it: the channel's ε (largest over its
+    strata) and γ = e^ε; a differentially private prior's ε0 apart; ε spent = ε + ε0 (what the budget adds)."""
     tvd = release.expected_tvd(overall)
     spent = release.spent_by_variable(assignments)
     rows = []
@@ -177,14 +186,28 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
         if v.key not in spent and not isinstance(alist[0].guarantee, NotDP):
             continue   # public: listed in the report as unprotected
         mi = getattr(alist[0].channel, "objective", None)
-        eps = spent.get(v.key)
+        dp = v.key in spent
+        eps = max(a.channel.epsilon for a in alist) if dp else None
+        prior = max((a.prior_epsilon or 0.0) for a in alist) if dp else None
         rows.append({"variable": v.key, "channel": family_of(v).describe(v, alist),
-                     "alpha": "not DP" if eps is None else round(eps, 6),
-                     "gamma": "not DP" if eps is None else round(math.exp(eps), 6),
+                     "epsilon": "not DP" if eps is None else round(eps, 6),
+                     "gamma": "not DP" if eps is None else round(math.exp(min(eps, 700.0)), 6),
+                     "prior_epsilon": round(prior, 6) if prior else None,
+                     "epsilon_spent": "not DP" if eps is None else round(spent[v.key], 6),
                      "mutual_information": None if mi is None or mi != mi else round(mi, 6),
                      "estimated_tvd": round(tvd[v.key], 6) if v.key in tvd else None})
-    post(create_table_artifact, key=f"{key}-variables", table=rows, description="Variables: channel, α, γ, MI, TVD")
-    post(create_link_artifact, key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+    return rows
+
+
+GX_DETAIL_CHARS = 80   # the UI's artifact pane shows about this much of a cell
+
+
+def gx_rows(rows: list[dict]) -> list[dict]:
+    """The GX results as the UI's artifact pane can show them: check, column, passed and a short detail (the
+    whole rows are in the release's validation/summary.json)."""
+    short = lambda text: text if len(text) <= GX_DETAIL_CHARS else text[:GX_DETAIL_CHARS - 1] + "…"   # noqa: E731
+    return [{"check": r.get("check") or r.get("expectation"), "column": r.get("column"), "passed": r.get("success"),
+             "detail": short(str(r.get("detail") or ""))} for r in rows]
 
 
 @step("internal-report")

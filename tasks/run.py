@@ -9,6 +9,7 @@ that cannot be done (a full disk) is said plainly and left to the next run on th
 
 from __future__ import annotations
 
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from pram_lib.ops import audit
 from pram_lib.ops.audit import utc_now
 from pram_lib.pipeline import publish, release
 from tasks.artifacts import post, wait_posted
+from tasks.cancel import stop_watching, watch_this_run
 from tasks.privacy import StepFailed, current_fixed_seed
 from tasks.run_log import audit_task, finish_run_task, settle_budget_task
 from tasks.steps import flow_run_id, hand_over_journal, release_key
@@ -39,6 +41,16 @@ GIT_COMMIT = _git_commit()
 FLOW_VERSION = f"{__version__}+{GIT_COMMIT[:12]}" if GIT_COMMIT else __version__
 
 
+def release_named_in(spec_path: str) -> str | None:
+    """The release name a spec file states on its `release:` line (read as text: the file may not load)."""
+    try:
+        with open(spec_path, encoding="utf-8", errors="replace") as f:
+            m = re.search(r"^release:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]{0,99})", f.read(65536), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
 class ReleaseRun:
     def __init__(self, spec_path: str):
         self.spec_path, self.seed = spec_path, current_fixed_seed()
@@ -54,13 +66,16 @@ class ReleaseRun:
         self.unrecorded: list[str] = []   # bookkeeping that could not be written (left to recovery)
         self.panel: dict | None = None    # a longitudinal release's per-record ledger summary (counts only)
         self.sign_off: dict | None = None  # the reviewer's answer (review: {required: true})
+        self.tagged = False
 
     # -- the run's bookkeeping, as a context manager ------------------------------------------------
     def __enter__(self) -> "ReleaseRun":
+        watch_this_run(flow_run_id())   # a run started from the command line follows the UI's Cancel
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         """A failed run is cleaned up here (:meth:`fail`) and ends with the error it returns."""
+        stop_watching()
         if exc is None:
             return False
         raise self.fail(exc) from None
@@ -85,7 +100,9 @@ class ReleaseRun:
 
     def tag(self) -> None:
         """Tags the run (release, population, engine, trigger) so operators can filter the run list (in the
-        background, beside the run's first steps)."""
+        background, beside the run's first steps). A run refused before its spec loaded is tagged with the
+        release name its spec file states, when it states one."""
+        self.tagged = True
         post(self._tag)
 
     def _tag(self) -> None:
@@ -93,12 +110,15 @@ class ReleaseRun:
         from prefect.runtime import flow_run
 
         spec = self.spec
+        release_name = spec.release if spec is not None else release_named_in(self.spec_path)
         try:
             with get_client(sync_client=True) as client:
                 fr = client.read_flow_run(flow_run.id)
                 trigger = "schedule" if fr.auto_scheduled else "deployment" if fr.deployment_id else "manual"
-                tags = {*fr.tags, f"release:{spec.release}", f"engine:{self.engine}", f"trigger:{trigger}"}
-                if spec.population is not None:
+                tags = {*fr.tags, f"trigger:{trigger}"} | ({f"release:{release_name}"} if release_name else set())
+                if self.engine:
+                    tags.add(f"engine:{self.engine}")
+                if spec is not None and spec.population is not None:
                     tags.add(f"population:{spec.population.key}")
                 client.update_flow_run(flow_run.id, tags=sorted(tags))
         except Exception as exc:  # tags are a convenience: a run is never failed for them
@@ -183,6 +203,8 @@ class ReleaseRun:
         """Clean up after a failed step; returns the error to raise (public text, the whole error beside it)."""
         err = StepFailed.wrap(exc)
         original = getattr(err, "original", None) or exc
+        if not self.tagged:   # refused before the tags were set (a spec that does not load): the same tags
+            self._try("tags", self.tag)
         kind = getattr(err, "kind", type(original).__name__)
         if self.stage is not None:
             publish.abandon_release(self.stage)
@@ -209,7 +231,7 @@ class ReleaseRun:
             hand_over_journal(f"{kind}: {original}; could not record: {'; '.join(self.unrecorded)}")
         self._summary("published, then failed" if self.folder is not None else
                       "refused" if kind in ("ValidationGateFailed", "SpecError", "LedgerRefused", "ReviewRefused") else
-                      "failed",
+                      "cancelled" if kind == "CancelledFromUI" else "failed",
                       err, audited)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: cleaned up, and left to Prefect as they are
             return exc
@@ -279,7 +301,8 @@ class ReleaseRun:
             except Exception:   # noqa: BLE001 - the ledger's own error is the run's; the event goes without it
                 pass
         try:
-            event = {"refused": "refused", "failed": "failed", "already published": "already-published"}.get(
+            event = {"refused": "refused", "failed": "failed", "already published": "already-published",
+                     "cancelled": "cancelled"}.get(
                 outcome, "published" if self.folder is not None else "failed")
             emit_event(event=f"pram.release.{event}", resource=resource, related=related, payload=payload)
             if near is not None:
@@ -292,7 +315,7 @@ class ReleaseRun:
     def _summary_markdown(self, outcome: str, err: StepFailed | None, audited: bool) -> str:
         spec = self.spec
         title = {"released": "Released", "refused": "Refused: nothing published",
-                 "failed": "Failed: nothing published",
+                 "failed": "Failed: nothing published", "cancelled": "Cancelled from the UI: nothing published",
                  "already published": "Already published by an earlier attempt of this run: nothing published "
                                       "or spent again"}.get(outcome, "Published, then a later step failed")
         lines = [f"# {title}", "", "| what | value |", "|---|---|",

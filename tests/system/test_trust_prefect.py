@@ -11,6 +11,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -620,3 +621,37 @@ def test_a_refused_gate_tells_the_ui_which_checks_failed_not_their_source_statis
     (art,) = [a for a in arts if (a.key or "").endswith("-summary")]
     assert "row count" in art.data and "in the source" not in art.data, art.data
     assert "row count" in fr.state.message and "in the source" not in fr.state.message
+
+
+@pytest.mark.parametrize("refusal", ["ledger cap", "bad spec"])
+def test_a_refused_run_carries_the_same_tags_and_a_summary(prefect_server, tmp_path, refusal):
+    """Issue 29, item 6: a run refused by the ledger or for a spec that does not load is tagged like any other
+    (release, trigger; engine and population once the spec has loaded) and has its summary."""
+    from prefect.client.orchestration import get_client
+
+    from flows.release import run_release
+    from pram_lib.ops.ledger import LedgerRefused
+    from pram_lib.spec import SpecError
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    name = f"refused-{refusal.replace(' ', '-')}"
+    spec = synth.write_spec(tmp_path, release=name, population={"key": name, "cap": 3.0})   # a release spends ~2.1
+    if refusal == "bad spec":
+        spec.write_text(spec.read_text().replace("gamma: 3.0", "gamma: -3.0"))
+    else:
+        run_release(str(spec))   # the first fits; the second would exceed the cap
+    with pytest.raises(LedgerRefused if refusal == "ledger cap" else SpecError):
+        run_release(str(spec))
+    with get_client(sync_client=True) as client:
+        named = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"{name}-")))
+        (fr,) = [r for r in named if r.state.is_failed()]
+        expected = {f"release:{name}", "trigger:manual"} | (
+            {"engine:memory", f"population:{name}"} if refusal == "ledger cap" else set())
+        deadline = time.time() + 30   # the tags are set in the background
+        while not expected <= set(fr.tags) and time.time() < deadline:
+            time.sleep(0.5)
+            fr = client.read_flow_run(fr.id)
+        assert expected <= set(fr.tags), fr.tags
+        arts = [a for a in _of_run(client, fr)[0] if (a.key or "").endswith("-summary")]
+        assert len(arts) == 1 and "# Refused: nothing published" in arts[0].data
