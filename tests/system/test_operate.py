@@ -107,17 +107,23 @@ def test_a_second_release_of_a_population_waits_for_the_slot(alerts):
     logging.getLogger("prefect.flow_runs").addHandler(handler)
 
     def another_release_of_the_population():
-        with concurrency("pram-population-queued-pop", occupy=1, strict=True):
-            seen["held"] = True
-            deadline = time.time() + 180   # until the run below has reached the slot and says it waits
-            while time.time() < deadline and not any("waiting for population queued-pop" in m for m in said):
-                time.sleep(0.2)
-            seen["reserved while held"] = ledger.history("queued-pop") if ledger.path.exists() else []
+        try:
+            with concurrency("pram-population-queued-pop", occupy=1, strict=True, timeout_seconds=60):
+                seen["held"] = True
+                deadline = time.time() + 180   # until the run below has reached the slot and says it waits
+                while time.time() < deadline and not any("waiting for population queued-pop" in m for m in said):
+                    time.sleep(0.2)
+                seen["reserved while held"] = ledger.history("queued-pop") if ledger.path.exists() else []
+        except BaseException as exc:   # said by the assertions below, never a test waiting forever
+            seen["error"] = repr(exc)
+            seen["held"] = False
 
     holder = threading.Thread(target=another_release_of_the_population, daemon=True)
     holder.start()
-    while "held" not in seen:
+    deadline = time.time() + 120
+    while "held" not in seen and time.time() < deadline:
         time.sleep(0.1)
+    assert seen.get("held"), seen
     try:
         folder = Path(run_release(str(spec), seed=1))
     finally:
