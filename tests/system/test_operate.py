@@ -4,6 +4,7 @@ concurrency limit makes a second release of it wait; releases emit Prefect event
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -124,7 +125,10 @@ def test_a_second_release_of_a_population_waits_for_the_slot(alerts):
             seen["error"] = repr(exc)
             seen["held"] = False
 
-    holder = threading.Thread(target=another_release_of_the_population, daemon=True)
+    # in this thread's Prefect settings (the test server's URL): a new thread starts from Prefect's import-time
+    # settings, which lack it when Prefect was imported while the tests were collected
+    holder = threading.Thread(target=contextvars.copy_context().run, args=(another_release_of_the_population,),
+                              daemon=True)
     holder.start()
     deadline = time.time() + 120
     while "held" not in seen and time.time() < deadline:

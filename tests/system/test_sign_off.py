@@ -4,6 +4,7 @@ the report. Rejected or unanswered: refused, nothing published, the reservation 
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -57,7 +58,9 @@ def answer_when_paused(answer: dict | None, seen: dict) -> threading.Thread:
                     return
                 time.sleep(0.5)
 
-    thread = threading.Thread(target=reviewer, daemon=True)
+    # in this thread's Prefect settings (the test server's URL): a new thread starts from Prefect's import-time
+    # settings, which lack it when Prefect was imported while the tests were collected
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(reviewer,), daemon=True)
     thread.start()
     return thread
 
