@@ -16,6 +16,9 @@ What every entry states:
   (the ε is a function of the chosen channel: the budget bounds it until the channel is known).
 - ``codec``: the form its published channels take in channels.json (``pram_lib.core.codec`` reads and writes
   every form; publishing and ``pram_lib.analysis`` share it).
+- its proof note: a short document beside its module (``pram_optimal.md`` beside ``pram_optimal.py``): the
+  mechanism, its privacy map and why it holds, with the reference; a release ships the notes of the entries it
+  used and channels.json names each channel's (``proof_note``).
 
 What each kind adds (the chooser ``build``, the identifiability check, ``planning_variance``) is declared,
 abstract, on that kind's entry base.
@@ -23,8 +26,10 @@ abstract, on that kind's entry base.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Union
 
 from pram_lib.core.guarantee import LDP, NotDP, Public
@@ -61,6 +66,11 @@ class ChannelEntry(ABC):
     @abstractmethod
     def privacy(self, v) -> Claim:
         """The guarantee the spec entry claims, before any data is read."""
+
+    @property
+    def proof_note(self) -> Path:
+        """The entry's proof note: the module's file with the suffix .md."""
+        return Path(sys.modules[type(self).__module__].__file__).with_suffix(".md")
 
     def __repr__(self) -> str:
         return f"<channel entry {self.name!r} ({self.kind})>"
