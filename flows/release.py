@@ -16,6 +16,7 @@ from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, o
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec, fixed_seed  # noqa: F401
 from tasks.results import (estimate_task, internal_report_task, publish_task, settle_panel_task, stage_task,
                            validate_task)
+from tasks.cancel import armed
 from tasks.review import sign_off_task
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun, release_named_in  # noqa: F401
 from tasks.run_log import (load_spec_task, population_slot, published_before_task, reserve_budget_task,
@@ -215,8 +216,13 @@ def run_release(spec_path: str, seed: int | None = None, engine: str | None = No
 
     context, settings = no_heartbeat_settings()
     try:
-        with fixed_seed(seed), SettingsContext(profile=context.profile, settings=settings):
-            return release_flow(spec_path, engine=engine, **options)
+        with fixed_seed(seed), SettingsContext(profile=context.profile, settings=settings), armed() as watch:
+            try:
+                return release_flow(spec_path, engine=engine, **options)
+            except StepFailed as exc:
+                if getattr(exc, "kind", None) == "CancelledFromUI":
+                    watch.mark_cancelled()   # the flow ended Failed with the cancellation: the run is Cancelled
+                raise
     except StepFailed as exc:
         original = getattr(exc, "original", None)
         if original is not None:

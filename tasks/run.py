@@ -22,6 +22,7 @@ from pram_lib.ops import audit
 from pram_lib.ops.audit import utc_now
 from pram_lib.pipeline import publish, release
 from tasks.artifacts import post, wait_posted
+from tasks.cancel import stop_watching, watch_this_run
 from tasks.privacy import StepFailed, current_fixed_seed
 from tasks.run_log import audit_task, finish_run_task, settle_budget_task
 from tasks.steps import flow_run_id, hand_over_journal, release_key
@@ -69,10 +70,12 @@ class ReleaseRun:
 
     # -- the run's bookkeeping, as a context manager ------------------------------------------------
     def __enter__(self) -> "ReleaseRun":
+        watch_this_run(flow_run_id())   # a run started from the command line follows the UI's Cancel
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         """A failed run is cleaned up here (:meth:`fail`) and ends with the error it returns."""
+        stop_watching()
         if exc is None:
             return False
         raise self.fail(exc) from None
@@ -228,7 +231,7 @@ class ReleaseRun:
             hand_over_journal(f"{kind}: {original}; could not record: {'; '.join(self.unrecorded)}")
         self._summary("published, then failed" if self.folder is not None else
                       "refused" if kind in ("ValidationGateFailed", "SpecError", "LedgerRefused", "ReviewRefused") else
-                      "failed",
+                      "cancelled" if kind == "CancelledFromUI" else "failed",
                       err, audited)
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: cleaned up, and left to Prefect as they are
             return exc
@@ -298,7 +301,8 @@ class ReleaseRun:
             except Exception:   # noqa: BLE001 - the ledger's own error is the run's; the event goes without it
                 pass
         try:
-            event = {"refused": "refused", "failed": "failed", "already published": "already-published"}.get(
+            event = {"refused": "refused", "failed": "failed", "already published": "already-published",
+                     "cancelled": "cancelled"}.get(
                 outcome, "published" if self.folder is not None else "failed")
             emit_event(event=f"pram.release.{event}", resource=resource, related=related, payload=payload)
             if near is not None:
@@ -311,7 +315,7 @@ class ReleaseRun:
     def _summary_markdown(self, outcome: str, err: StepFailed | None, audited: bool) -> str:
         spec = self.spec
         title = {"released": "Released", "refused": "Refused: nothing published",
-                 "failed": "Failed: nothing published",
+                 "failed": "Failed: nothing published", "cancelled": "Cancelled from the UI: nothing published",
                  "already published": "Already published by an earlier attempt of this run: nothing published "
                                       "or spent again"}.get(outcome, "Published, then a later step failed")
         lines = [f"# {title}", "", "| what | value |", "|---|---|",
