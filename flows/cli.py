@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pram_lib.pipeline.links import RELEASES_ROOT_ENV, RELEASES_URL_ENV
+
 DEFAULT_PORT = 4200
 
 # Prefect's settings for a privacy tool, wherever it runs from: prefect.toml is read from the working directory
@@ -406,6 +408,58 @@ def start_server(home: Path, port: int, timeout: float = 180) -> tuple[int | Non
     raise RuntimeError(f"prefect server not healthy after {timeout:.0f} s; see {home / 'server.log'}")
 
 
+def start_file_server(home: Path, root: Path, port: int, timeout: float = 30) -> tuple[int | None, str]:
+    """Serve the public release folders under `root` read-only on 127.0.0.1 (the standard library's
+    `python -m http.server`, in a process of its own), so that the run summary's folder link opens in a browser:
+    a page served over http may not link to file://. Returns (pid or None when one is already up, its URL)."""
+    url = f"http://127.0.0.1:{port}/"
+    if _serves(url):
+        return None, url
+    root.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "files.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                             str(root)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    (home / "files.pid").write_text(json.dumps({"pid": proc.pid, "port": port, "root": str(root)}))
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if _serves(url):
+            return proc.pid, url
+        if proc.poll() is not None:
+            raise RuntimeError(f"the release file server exited early; see {home / 'files.log'}")
+        time.sleep(0.2)
+    raise RuntimeError(f"the release file server did not answer after {timeout:.0f} s; see {home / 'files.log'}")
+
+
+def _serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop_file_server(home: Path) -> str | None:
+    """Stop the file server `ui` started for `home` (its pid file names it); what was done, or None."""
+    pid_file = home / "files.pid"
+    if not pid_file.exists():
+        return None
+    try:
+        pid = int(json.loads(pid_file.read_text())["pid"])
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        ours = b"http.server" in argv and os.getpgid(pid) == pid
+    except (OSError, ValueError, KeyError, TypeError):
+        ours = False
+    pid_file.unlink(missing_ok=True)
+    if not ours:
+        return "stale files.pid removed, nothing killed"
+    try:
+        os.killpg(pid, 15)
+    except ProcessLookupError:
+        pass
+    return f"release file server stopped (pid {pid})"
+
+
 def _not_our_server(pid: int, port: int | None, home: Path) -> str | None:
     """Why process `pid` is not the Prefect server `ui` started for `home` (None: it is)."""
     try:
@@ -439,6 +493,9 @@ def _not_our_server(pid: int, port: int | None, home: Path) -> str | None:
 def cmd_ui(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     if args.stop:
+        stopped = stop_file_server(home)
+        if stopped:
+            print(stopped)
         pid_file = home / "server.pid"
         if not pid_file.exists():
             print(f"no server.pid in {home}: nothing to stop")
@@ -471,6 +528,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"Prefect UI: {ui}  (API {url}; database {home / 'prefect.db'}"
           f"{'' if pid is None else f'; pid {pid}, stop with: pram-release ui --stop'})")
     print(f"export PREFECT_API_URL={url}")
+    root = Path(args.releases).resolve()
+    files_pid, files_url = start_file_server(home, root, args.files_port or args.port + 1)
+    print(f"Release folders under {root}: {files_url}  (read-only, 127.0.0.1; the run summary links there)")
+    print(f"export {RELEASES_URL_ENV}={files_url} {RELEASES_ROOT_ENV}={root}")
     return 0
 
 
@@ -632,6 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ui", help="start a local Prefect server + UI on 127.0.0.1 (database under .prefect-home)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--home", default=".prefect-home")
+    p.add_argument("--releases", default="releases", help="the public release folders' root, served read-only on "
+                   "127.0.0.1 so that the run summary's folder link opens (default ./releases)")
+    p.add_argument("--files-port", type=int, default=None, help="the release file server's port (default --port + 1)")
     p.add_argument("--stop", action="store_true")
     p.set_defaults(func=cmd_ui)
     p = sub.add_parser("verify", help="check a release against its manifest and the audit entry that vouches "

@@ -16,6 +16,7 @@ from pram_lib.core.validate import failed_check_names
 from pram_lib.families import family_of
 from pram_lib.ops import panel
 from pram_lib.pipeline import figures, publish, release, sidecar, stream
+from pram_lib.pipeline.links import folder_link
 from pram_lib.spec import ReleaseSpec
 from tasks.artifacts import post
 from tasks.privacy import ValidationGateFailed, about_the_spec
@@ -172,7 +173,7 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
     rows = variables_rows(spec, assignments, overall)
     post(create_table_artifact, key=f"{key}-variables", table=rows,
          description="Variables: channel, ε and γ as in the report, a DP prior's ε0, ε spent, MI, TVD")
-    post(create_link_artifact, key=f"{key}-folder", link=folder.resolve().as_uri(), link_text=folder.name)
+    post(create_link_artifact, key=f"{key}-folder", link=folder_link(folder), link_text=folder.name)
 
 
 def variables_rows(spec, assignments, overall) -> list[dict]:
