@@ -21,6 +21,7 @@ from pram_lib import __version__
 from pram_lib.ops import audit
 from pram_lib.ops.audit import utc_now
 from pram_lib.pipeline import publish, release
+from pram_lib.pipeline.links import folder_link
 from tasks.artifacts import post, wait_posted
 from tasks.cancel import stop_watching, watch_this_run
 from tasks.privacy import StepFailed, current_fixed_seed
@@ -322,7 +323,7 @@ class ReleaseRun:
                  f"| release | {spec.release if spec else Path(self.spec_path).name} |",
                  f"| engine | {self.engine or '-'} |"]
         if self.folder is not None:
-            lines.append(f"| folder | `{self.folder}` |")
+            lines.append(f"| folder | [`{self.folder}`]({folder_link(self.folder)}) |")
         if err is not None:
             lines.append(f"| failed step | {err.step or '-'} |")
         gate = self.record.get("validation_passed")
