@@ -11,8 +11,13 @@ The per-record ledger (`records.npy` beside the secret) keeps, per record, keyed
 its cumulative ε, and per variable the pair tag (record, value) last released and every pair tag released
 before. A record pays a variable's ε once per distinct value released for it; a record whose next new value
 would pass the population's cap has that variable released as missing (it pays nothing more).
-Writes are atomic (a temporary file renamed) and one release at a time holds the population's lock
-(`fcntl.flock`, the standard library's advisory file lock).
+A release that changes few records appends only what it changed (`records.delta`: framed blocks, each with
+its length and SHA-256, fsync'd) instead of rewriting the whole ledger; when the deltas pass a quarter of the
+ledger's size, the next release writes the ledger whole again (atomic: a temporary file renamed) and drops them.
+A block carries the release number it brings the ledger to, so a block already in the ledger is never applied
+twice, and a block cut short by a crash (its release was not published: the ledger is written first) is
+dropped. One release at a time holds the population's lock (`fcntl.flock`, the standard library's advisory
+file lock).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import pandas as pd
 from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
-SECRET_FILE, STATE_FILE, LOCK_FILE = "secret.key", "records.npy", "lock"
+SECRET_FILE, STATE_FILE, LOCK_FILE, DELTA_FILE = "secret.key", "records.npy", "lock", "records.delta"
 LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw format (read, then replaced)
 SECRET_BYTES = 32
 ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
@@ -62,6 +67,7 @@ class PanelState:
     releases: int = 0
 
     _index: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False, compare=False)
+    delta: "PanelDelta | None" = field(default=None, repr=False, compare=False)   # what this release changed
 
     def positions(self, rtag: np.ndarray) -> np.ndarray:
         """Each record's row in the ledger, -1 for a record never released (the ledger's records alone are read)."""
@@ -227,7 +233,8 @@ class PanelStore:
                 raise ValueError("its arrays do not match")
             if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
                 raise ValueError("its records are not sorted")
-            return state
+            blocks = [b for b in read_deltas(self.folder / DELTA_FILE)[0] if b.releases > state.releases]
+            return apply_deltas(state, blocks) if blocks else state
         except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
             raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
                              "store's backup (releasing without it would charge every record afresh)") from None
@@ -250,7 +257,18 @@ class PanelStore:
                              "store's backup (releasing without it would charge every record afresh)") from None
 
     def save(self, state: PanelState) -> None:
-        """Atomically: a temporary file, fsync'd, renamed over the old one. The file is .npy arrays one after the
+        """What the release changed appended to the deltas (`append_delta`) when the ledger on disk is the one the
+        release read and the deltas stay under a quarter of its size; else the whole ledger (`save_whole`)."""
+        d, base = state.delta, self.folder / STATE_FILE
+        if d is not None and base.is_file() and not (self.folder / LEGACY_STATE_FILE).exists():
+            blocks, end = read_deltas(self.folder / DELTA_FILE)
+            if end + d.nbytes <= DELTA_SHARE * base.stat().st_size and len(blocks) < MAX_DELTAS:
+                append_delta(self.folder / DELTA_FILE, end, state, d)
+                return
+        self.save_whole(state)
+
+    def save_whole(self, state: PanelState) -> None:
+        """Atomically: a temporary file, fsync'd, renamed over the old one, then the deltas it includes dropped. The file is .npy arrays one after the
         other (np.save to one open file; np.load reads them back in turn): a JSON header, records, loss, the last
         pairs (one row per record, one column per variable), then each variable's history; written straight from
         memory (no zip, no copy)."""
@@ -267,6 +285,7 @@ class PanelStore:
             os.fsync(f.fileno())
         os.replace(tmp, self.folder / STATE_FILE)
         (self.folder / LEGACY_STATE_FILE).unlink(missing_ok=True)
+        (self.folder / DELTA_FILE).unlink(missing_ok=True)   # included (a crash before this: its releases skip it)
 
 
 LEDGER_FORMAT = "pram-release per-record ledger 2"   # 1: records.npz
@@ -302,6 +321,121 @@ def read_ledger(path: Path) -> dict[str, np.ndarray]:
         if f.read(1):
             raise ValueError("it has bytes after its last array")
     return out
+
+
+DELTA_MAGIC = b"PRAMDLT1"
+DELTA_SHARE = 0.25    # the deltas are folded into a whole ledger when they would pass this share of its size
+MAX_DELTAS = 64
+
+
+@dataclass
+class PanelDelta:
+    """What one release changed in the ledger, by record tag: the newcomers, and every changed record's new
+    cumulative ε and last pairs (one row each, a column per variable), and per variable the pairs that went to
+    its history. Only made when the release's variables are the ledger's (else the ledger is written whole)."""
+
+    new_tags: np.ndarray
+    tags: np.ndarray
+    loss: np.ndarray
+    lasts: np.ndarray
+    added: dict[str, np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.new_tags.nbytes + self.tags.nbytes + self.loss.nbytes + self.lasts.nbytes +
+                   sum(a.nbytes for a in self.added.values())) + 4096
+
+
+@dataclass
+class DeltaBlock:
+    releases: int
+    variables: list[str]
+    channels: dict[str, str]
+    delta: PanelDelta
+
+
+def append_delta(path: Path, end: int, state: PanelState, d: PanelDelta) -> None:
+    """One framed block (magic, payload length, SHA-256 of the payload, then the payload: .npy arrays in turn)
+    appended at `end` (anything after it, a block a crash cut short, is cut off first), fsync'd."""
+    import hashlib
+    import io
+
+    names = list(state.last)
+    head = {"releases": int(state.releases), "variables": names,
+            "channels": [state.channels.get(n, "") for n in names]}   # as the whole ledger keeps them
+    buf = io.BytesIO()
+    for a in [np.array(json.dumps(head)), d.new_tags, d.tags, d.loss, d.lasts] + [d.added[n] for n in names]:
+        np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    payload = buf.getbuffer()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.truncate(end)
+        f.seek(end)
+        f.write(DELTA_MAGIC + len(payload).to_bytes(8, "little") + hashlib.sha256(payload).digest())
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_deltas(path: Path) -> tuple[list[DeltaBlock], int]:
+    """The whole blocks of the deltas file, and where the last one ends (a torn last block is left out: the
+    release that wrote it failed before publishing). A damaged block before the last raises ValueError."""
+    import hashlib
+    import io
+
+    if not path.is_file():
+        return [], 0
+    data = path.read_bytes()
+    blocks, at = [], 0
+    while at < len(data):
+        if len(data) - at < 48 or data[at:at + 8] != DELTA_MAGIC:
+            torn = data[at:at + 8] == DELTA_MAGIC[:len(data[at:at + 8])]
+            if torn and len(data) - at < 48:
+                break
+            raise ValueError(f"its deltas ({path.name}) are damaged at byte {at}")
+        size = int.from_bytes(data[at + 8:at + 16], "little")
+        payload = data[at + 48:at + 48 + size]
+        if len(payload) < size:
+            break                                   # cut short by a crash while it was written
+        if hashlib.sha256(payload).digest() != data[at + 16:at + 48]:
+            if at + 48 + size == len(data):
+                break
+            raise ValueError(f"its deltas ({path.name}) are damaged at byte {at}")
+        f = io.BytesIO(payload)
+        head = json.loads(np.load(f, allow_pickle=False).item())
+        names = list(head["variables"])
+        arrays = [np.load(f, allow_pickle=False) for _ in range(4 + len(names))]
+        blocks.append(DeltaBlock(int(head["releases"]), names, dict(zip(names, map(str, head["channels"]))),
+                                 PanelDelta(*arrays[:4], dict(zip(names, arrays[4:])))))
+        at += 48 + size
+    return blocks, at
+
+
+def apply_deltas(state: PanelState, blocks: list[DeltaBlock]) -> PanelState:
+    """The ledger after `blocks` (in order): every newcomer inserted where it sorts in one pass, then each block's
+    changed rows overwritten in turn and its history pairs merged."""
+    names = list(state.last)
+    if any(b.variables != names for b in blocks):
+        raise ValueError("a delta's variables differ from its ledger's")
+    fresh = np.sort(np.concatenate([b.delta.new_tags for b in blocks]))
+    ins = np.searchsorted(state.records, fresh)
+    records = np.insert(state.records, ins, fresh)
+    loss = np.insert(state.loss, ins, 0.0)
+    _, table = last_pair_table(state)
+    table = np.insert(table, ins, 0, axis=0)
+    for b in blocks:
+        d = b.delta
+        at = np.searchsorted(records, d.tags)
+        if d.tags.size and not np.array_equal(records[np.minimum(at, records.size - 1)], d.tags):
+            raise ValueError("a delta names a record its ledger lacks")
+        loss[at] = d.loss
+        table[at] = d.lasts
+    history = {}
+    for j, n in enumerate(names):
+        parts = [state.history[n]] + [b.delta.added[n] for b in blocks if b.delta.added[n].size]
+        history[n] = np.sort(np.concatenate(parts)) if len(parts) > 1 else state.history[n]
+    last = {n: table[:, j] for j, n in enumerate(names)}
+    return PanelState(records, loss, last, history, blocks[-1].channels, blocks[-1].releases)
 
 
 Sparse = tuple[np.ndarray | int, np.ndarray]   # (rows of the release, values); rows an int: every row of a chunk
@@ -414,7 +548,7 @@ class Memo:
         paid_rows, paid = _joined(chunks.charge, np.float64)
         loss = old.loss if m and not ins.size and not paid.size else grown(old.loss, 0.0, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
-        last, history = {}, {}
+        last, history, added_by = {}, {}, {}
         names, before_table = last_pair_table(old) if m else ([], None)
         pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
         if names == self.charged and m:   # the same variables: the old table copied whole, newcomers' rows 0
@@ -425,20 +559,28 @@ class Memo:
             for j, v in enumerate(self.charged):
                 if v in old.last and m:
                     table[:, j] = np.insert(old.last[v], ins, 0) if ins.size else old.last[v]
+        changed_rows: list[np.ndarray] = []
         for j, v in enumerate(self.charged):
             lv = table[:, j]
             before = old.last.get(v)
             rows, pair = pairs.pop(v)
+            changed_rows.append(rows)
             at = pos[rows]
             replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0
             if at.size:
                 lv[at] = pair
             last[v] = lv
             added = np.sort(replaced[replaced != 0])
+            added_by[v] = added
             before = old.history.get(v)
             history[v] = added if before is None else \
                 np.insert(before, np.searchsorted(before, added), added) if added.size else before
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
+        if m and names == self.charged:    # the ledger's variables: what changed is a delta of it
+            changed = np.unique(np.concatenate([pos[paid_rows], pos[fresh_rows]] +
+                                               [pos[r] for r in changed_rows]))
+            state.delta = PanelDelta(newcomers, records[changed], loss[changed], table[changed],
+                                     {v: added_by[v] for v in self.charged})
         summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
                    "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),
                    "largest_charge": float(paid.max()) if paid.size else 0.0,

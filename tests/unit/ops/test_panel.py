@@ -590,3 +590,77 @@ def test_a_release_that_changes_nothing_settles_without_copying_the_ledger(tmp_p
     assert all(np.array_equal(old.last[v], before[v]) and np.array_equal(new.last[v], before[v]) for v in before)
     store.save(new)
     assert np.array_equal(store.load().last["b"], before["b"])
+
+
+def _same_state(a: panel.PanelState, b: panel.PanelState) -> None:
+    assert np.array_equal(a.records, b.records) and np.array_equal(a.loss, b.loss)
+    assert list(a.last) == list(b.last) and a.releases == b.releases
+    assert {v: a.channels[v] for v in a.last} == {v: b.channels[v] for v in b.last}   # the ledger keeps the charged
+    for v in a.last:
+        assert np.array_equal(a.last[v], b.last[v]) and np.array_equal(a.history[v], b.history[v])
+
+
+def _monthly(tmp_path, monkeypatch, months: int):
+    """`months` releases, 5 % of values changed and 2 % new records each month; yields after each settle the
+    state the release settled in memory and the files of the population's folder."""
+    saved = []
+    real = panel.PanelStore.save
+    monkeypatch.setattr(panel.PanelStore, "save", lambda self, state: (saved.append(state), real(self, state))[1])
+    spec_path, df, rng = spec_file(tmp_path, VARS), population(), np.random.default_rng(5)
+    folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
+    for month in range(months):
+        release_once(tmp_path, df, spec_path, seed=month)
+        yield saved[-1], folder
+        df = next_month(df, rng)
+
+
+def test_a_release_that_changes_few_records_appends_its_delta_and_reads_back_whole(tmp_path, monkeypatch):
+    """Issue 28: a later release appends what it changed (records.delta) instead of rewriting the ledger; the
+    ledger read back after every release equals the one the release settled in memory; once the deltas would pass
+    a quarter of the ledger's size, the ledger is written whole again and the deltas dropped."""
+    kinds = []
+    for state, folder in _monthly(tmp_path, monkeypatch, 8):
+        base = (folder / panel.STATE_FILE).stat().st_mtime_ns
+        _same_state(panel.PanelStore(tmp_path / "private", "people").load(), state)
+        delta = folder / panel.DELTA_FILE
+        kinds.append("delta" if delta.exists() and panel.read_deltas(delta)[0][-1].releases == state.releases
+                     else "whole")
+        assert (folder / panel.STATE_FILE).stat().st_mtime_ns == base
+    assert kinds[0] == "whole" and kinds[1] == "delta" and "whole" in kinds[2:], kinds
+
+
+def test_a_delta_cut_short_by_a_crash_is_dropped_and_the_next_release_appends_after_it(tmp_path, monkeypatch):
+    """The ledger is written before publication, so a block a crash cut short belongs to a release that published
+    nothing: reading drops it (the ledger as before that release); the next release cuts it off and appends."""
+    store = panel.PanelStore(tmp_path / "private", "people")
+    months = _monthly(tmp_path, monkeypatch, 3)
+    first, folder = next(months)
+    second, _ = next(months)
+    delta = folder / panel.DELTA_FILE
+    whole = delta.read_bytes()
+    for cut in (5, len(whole) - 40, len(whole) - 47):     # inside the payload, inside the frame
+        delta.write_bytes(whole[:-cut] if cut < len(whole) else whole[:1])
+        _same_state(store.load(), first)
+    delta.write_bytes(whole[:-5])
+    store.save(second)                                   # the rerun of the second release
+    _same_state(store.load(), second)
+    assert delta.stat().st_size == len(whole)
+
+
+def test_deltas_already_in_a_whole_ledger_are_not_applied_twice_and_a_damaged_one_is_refused(tmp_path, monkeypatch):
+    """A crash between writing the whole ledger and dropping the deltas leaves both: a block whose release the
+    ledger already holds is skipped. A damaged block before the last is refused with the file named."""
+    store = panel.PanelStore(tmp_path / "private", "people")
+    months = _monthly(tmp_path, monkeypatch, 3)
+    next(months)
+    second, folder = next(months)
+    delta = folder / panel.DELTA_FILE
+    kept = delta.read_bytes()
+    store.save_whole(second)
+    delta.write_bytes(kept)
+    _same_state(store.load(), second)
+    blob = bytearray(kept + kept)                          # two whole blocks
+    blob[60] ^= 0xFF                                     # inside the first block's payload
+    delta.write_bytes(bytes(blob))
+    with pytest.raises(panel.PanelError, match=r"records\.npy: the per-record ledger cannot be read.*damaged"):
+        store.load()
