@@ -234,7 +234,7 @@ class PanelStore:
             if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
                 raise ValueError("its records are not sorted")
             blocks = [b for b in read_deltas(self.folder / DELTA_FILE)[0] if b.releases > state.releases]
-            return apply_deltas(state, blocks) if blocks else state
+            return apply_deltas(state, blocks, table) if blocks else state
         except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
             raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
                              "store's backup (releasing without it would charge every record afresh)") from None
@@ -411,18 +411,19 @@ def read_deltas(path: Path) -> tuple[list[DeltaBlock], int]:
     return blocks, at
 
 
-def apply_deltas(state: PanelState, blocks: list[DeltaBlock]) -> PanelState:
+def apply_deltas(state: PanelState, blocks: list[DeltaBlock], table: np.ndarray) -> PanelState:
     """The ledger after `blocks` (in order): every newcomer inserted where it sorts in one pass, then each block's
-    changed rows overwritten in turn and its history pairs merged."""
+    changed rows overwritten in turn and its history pairs merged. `table`: the state's last pairs as read (a
+    fresh array, updated in place when there is no newcomer)."""
     names = list(state.last)
     if any(b.variables != names for b in blocks):
         raise ValueError("a delta's variables differ from its ledger's")
     fresh = np.sort(np.concatenate([b.delta.new_tags for b in blocks]))
-    ins = np.searchsorted(state.records, fresh)
-    records = np.insert(state.records, ins, fresh)
-    loss = np.insert(state.loss, ins, 0.0)
-    _, table = last_pair_table(state)
-    table = np.insert(table, ins, 0, axis=0)
+    records, loss = state.records, state.loss
+    if fresh.size:
+        ins = np.searchsorted(records, fresh)
+        records, loss, table = np.insert(records, ins, fresh), np.insert(loss, ins, 0.0), \
+            np.insert(table, ins, 0, axis=0)
     for b in blocks:
         d = b.delta
         at = np.searchsorted(records, d.tags)
