@@ -12,6 +12,9 @@ alias sampler, the per-cluster RR, the two-sided Gamma draws) perturbs a fixed t
   (/work/shared/reference/gamma_noise.md §1.2: F(y) = ½ + ½ sign(y) P(ϑ, |y|/η)) by Kolmogorov–Smirnov
   (scipy.stats.kstest).
 
+Besides each entry's example, DRAWN covers branches of the sampler the examples do not take: ϑ = ½ (drawn from
+one normal) and variables in strata (each row's uniform replayed into its stratum's channel).
+
 The test passes at the channel's own parameter (p ≥ LEVEL) and fails (p < LEVEL) at the channel the entry's own
 constructor builds with its parameter moved by −30 % and +30 % (ε for an LDP channel; the entry's parameter
 otherwise, see CASES). Before each failure is asserted, its power at LEVEL is computed from the two laws alone
@@ -34,7 +37,6 @@ from scipy import integrate, special, stats
 from examples import EXAMPLES
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.gamma import NoiseChannel
-from pram_lib.core.channel import Channel
 from pram_lib.families import ENTRIES, family_of
 from pram_lib.pipeline import release, stream
 from pram_lib.spec import load_spec
@@ -43,8 +45,13 @@ LEVEL = 1e-3            # every test here, at its own parameter and at the moved
 MIN_POWER = 0.999       # the power each "fails at ±30 %" needs at LEVEL, from the laws alone
 MOVES = (0.7, 1.3)      # the parameter moved by −30 % and +30 %
 SEED = 20261127
-N_PER = 3_000           # records of every input cell (categorical, group)
-N_NOISE = 20_000        # records of a noise entry
+# Power at these sizes (each failing test recomputes its own and asserts it): the weakest ±30 % χ² case,
+# pram-custom's perturbation ×1.3, has non-centrality λ = Σ n (truth − law)²/law ≈ 2 000 against the critical
+# value 22.5 of χ²(6) at LEVEL (power 1 to double precision); the weakest KS case, gamma-noise at ϑ = ½ with
+# η ×1.3, has CDF distance 0.032 against the critical 0.0044, power ≥ 1 − 2 exp(−2 n (0.032 − 0.0044)²) ≈ 1 − 7e-130.
+# A move of 3-8 % already has power 0.999 at these sizes, so a sampler off by a few percent fails its own test.
+N_PER = 20_000          # records of every input cell (categorical, group), in every stratum
+N_NOISE = 200_000       # records of a noise entry
 MIN_EXPECTED = 5.0      # Cochran's rule: cells expected below it are merged within their row
 
 
@@ -90,8 +97,6 @@ CASES: dict[str, tuple[Moved, ...]] = {
     "laplace-noise": (Moved("eta", _times("eta")),),
 }
 NAMES = [e.name for e in ENTRIES]
-MOVED = [(name, m.parameter, f) for name in NAMES for m in CASES.get(name, (Moved("none", _epsilon),))
-         for f in MOVES]
 
 
 # -- the laws, from the maths ------------------------------------------------------------------------------------
@@ -99,11 +104,11 @@ def categorical_law(ch) -> np.ndarray:
     """P(released cell | true cell) of a categorical or group channel."""
     if isinstance(ch, mr.GroupChannel):
         # each cluster is K-ary RR at its ε: keep e^ε / (e^ε + K − 1), every other cell (1 − keep) / (K − 1)
-        cells = np.array(np.unravel_index(np.arange(int(np.prod(ch.sizes))), ch.sizes)).T
-        law = np.ones((len(cells), len(cells)))
+        grid = np.array(np.unravel_index(np.arange(int(np.prod(ch.sizes))), ch.sizes)).T   # (cell, attribute)
+        law = np.ones((len(grid), len(grid)))
         for c, k, eps in zip(ch.clusters, ch.cluster_sizes, ch.cluster_epsilons):
             keep = math.exp(eps) / (math.exp(eps) + k - 1)
-            same = np.all(cells[:, None, list(c)] == cells[None, :, list(c)], axis=2)
+            same = np.all(grid[:, None, list(c)] == grid[None, :, list(c)], axis=2)
             law *= np.where(same, keep, (1 - keep) / (k - 1))
         return law
     if ch.keep is not None:   # family (8): keep x with keep[x], else each of the k − 1 others alike
@@ -171,9 +176,42 @@ def ks_power(n: int, theta: float, eta: float, theta1: float, eta1: float) -> fl
     margin = distance - float(stats.kstwo.isf(LEVEL, n))
     return 0.0 if margin <= 0 else 1 - 2 * math.exp(-2 * n * margin ** 2)
 # -- the release's sampler on a fixed input ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Drawn:
+    """What is drawn: a registry entry's contract example, with `change` made to its spec entry (a branch of the
+    release's sampler the example does not take)."""
+
+    entry: str
+    change: tuple = ()
+
+
+DRAWN: dict[str, Drawn] = {
+    **{name: Drawn(name) for name in NAMES},
+    # gamma_law.sample draws ϑ = ½ as (η/2) Z|Z| from one normal, every other ϑ from numpy's gamma
+    "gamma-noise, theta 0.5": Drawn("gamma-noise", (("theta", 0.5),)),
+    # in strata each row's uniform is drawn first and replayed into its stratum's channel (C kernel / alias)
+    "pram-keep, in strata": Drawn("pram-keep", (("strata", ["region"]),)),
+    "pram-invariant, in strata": Drawn("pram-invariant", (("strata", ["region"]), ("prior", "data"))),
+}
+MOVED = [(label, m.parameter, f) for label, d in DRAWN.items()
+         for m in CASES.get(d.entry, (Moved("none", _epsilon),)) for f in MOVES]
+
+
+def spec_entry(label: str, factor: float = 1.0, parameter: str | None = None) -> dict:
+    d = DRAWN[label]
+    v = {**EXAMPLES[d.entry]()[0], **dict(d.change)}
+    return v if parameter is None else {m.parameter: m for m in _case(d.entry)}[parameter].spec_entry(v, factor)
+
+
+@dataclass(frozen=True)
+class Draw:
+    channels: tuple      # the channel of each block of rows of `released` (one per stratum; one without strata)
+    released: np.ndarray  # categorical/group: released counts per (stratum, true cell); noise: released − true
+
+
 class Lab:
     """Builds channels as the release does (the spec entry through load_spec and the entry's constructor, on the
-    entry's contract example) and draws from the release's sampler; each entry is drawn once."""
+    entry's contract example) and draws from the release's sampler; each label is drawn once."""
 
     def __init__(self, folder):
         self.folder, self.draws, self.built = folder, {}, 0
@@ -193,33 +231,38 @@ class Lab:
         profile = stream.profile_source(spec, 1)
         return spec, profile, release.choose_channels(spec, profile, 1)
 
-    def channel(self, variable: dict):
-        (a,) = self.build(variable)[2]
-        return a.channel
+    def channels(self, variable: dict) -> tuple:
+        """The channel of each stratum (in the order of the profile's strata)."""
+        return tuple(a.channel for a in self.build(variable)[2])
 
-    def draw(self, name: str):
-        """(channel, what the sampler released): for a categorical or group entry the table of released counts
-        per true cell (N_PER records of each), for a noise entry released − true (N_NOISE records)."""
-        if name not in self.draws:
-            spec, profile, (a,) = self.build(EXAMPLES[name]()[0])
-            v, ch = spec.variables[0], a.channel
-            plan = stream.make_plan(spec, profile, [a], SEED, None, "memory")
+    def draw(self, label: str) -> Draw:
+        """For a categorical or group entry N_PER records of every true cell (in every stratum) and the table of
+        released counts per (stratum, true cell); for a noise entry N_NOISE records and released − true."""
+        if label not in self.draws:
+            spec, profile, assignments = self.build(spec_entry(label))
+            v, ch = spec.variables[0], assignments[0].channel
+            plan = stream.make_plan(spec, profile, assignments, SEED, None, "memory")
             if isinstance(ch, NoiseChannel):
-                x = np.resize(EXAMPLES[name]()[1][v.column].to_numpy(dtype=float), N_NOISE)
+                x = np.resize(EXAMPLES[DRAWN[label].entry]()[1][v.column].to_numpy(dtype=float), N_NOISE)
                 columns, _ = family_of(v).perturb_chunk(plan, 0, v, pd.DataFrame({v.column: x}), 0)
-                self.draws[name] = ch, columns[v.column] - x
+                self.draws[label] = Draw((ch,), columns[v.column] - x)
             else:
-                sizes = list(ch.sizes) if isinstance(ch, mr.GroupChannel) else [ch.n_inputs]
-                names = list(ch.attributes) if isinstance(ch, mr.GroupChannel) else [v.column]
-                domains = list(ch.categories) if isinstance(ch, mr.GroupChannel) else [ch.categories]
-                truth = np.repeat(np.arange(int(np.prod(sizes))), N_PER)
-                codes = np.unravel_index(truth, sizes)
-                df = pd.DataFrame({c: np.asarray(d, dtype=object)[x] for c, d, x in zip(names, domains, codes)})
+                group = isinstance(ch, mr.GroupChannel)
+                sizes = list(ch.sizes) if group else [ch.n_inputs]
+                names = list(ch.attributes) if group else [v.column]
+                domains = list(ch.categories) if group else [ch.categories]
+                k, strata = int(np.prod(sizes)), len(assignments)
+                truth = np.tile(np.repeat(np.arange(k), N_PER), strata)
+                df = pd.DataFrame({c: np.asarray(d, dtype=object)[x]
+                                   for c, d, x in zip(names, domains, np.unravel_index(truth, sizes))})
+                for j, column in enumerate(getattr(v, "strata", [])):   # stratum after stratum, in their order
+                    df[column] = np.repeat([a.stratum[j] for a in assignments], k * N_PER)
                 columns, _ = family_of(v).perturb_chunk(plan, 0, v, df, 0)
                 out = np.ravel_multi_index([np.asarray(columns[c].codes, dtype=np.int64) for c in names], sizes)
-                k = truth.max() + 1
-                self.draws[name] = ch, np.bincount(truth * k + out, minlength=k * k).reshape(k, k)
-        return self.draws[name]
+                row = np.repeat(np.arange(strata), k * N_PER) * k + truth
+                self.draws[label] = Draw(tuple(a.channel for a in assignments),
+                                         np.bincount(row * k + out, minlength=strata * k * k).reshape(strata * k, k))
+        return self.draws[label]
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +285,7 @@ def test_the_closed_form_is_the_two_sided_gamma_law():
     """The CDF the KS tests use integrates the density of gamma_noise.md Eq. (3), and the code's own cdf agrees."""
     from pram_lib.channels.gamma_law import TwoSidedGamma
 
-    for theta, eta in ((0.6, 3.0), (1.0, 3.0), (0.42, 2.1)):
+    for theta, eta in ((0.6, 3.0), (1.0, 3.0), (0.5, 2.1)):
         for y in (-7.5, -0.4, 0.3, 2.0, 11.0):
             lo, hi = sorted((0.0, y))
             mass = integrate.quad(two_sided_gamma_density, lo, hi, args=(theta, eta))[0]
@@ -251,30 +294,38 @@ def test_the_closed_form_is_the_two_sided_gamma_law():
     assert two_sided_gamma_cdf(-3.0, 1.0, 3.0) == pytest.approx(0.5 * math.exp(-1.0), abs=1e-15)   # Laplace
 
 
-def fit(ch, released) -> float:
-    """p of the goodness-of-fit test of what the sampler released against channel `ch`'s law."""
-    if isinstance(ch, NoiseChannel):
+def law(channels: tuple) -> np.ndarray:
+    """The rows of every (stratum, true cell) of a categorical or group draw."""
+    return np.vstack([categorical_law(ch) for ch in channels])
+
+
+def fit(channels: tuple, released: np.ndarray) -> float:
+    """p of the goodness-of-fit test of what the sampler released against the channels' law."""
+    if isinstance(channels[0], NoiseChannel):
+        (ch,) = channels
         return float(stats.kstest(released, two_sided_gamma_cdf, args=(ch.theta, ch.eta)).pvalue)
-    return chi2_fit(released, categorical_law(ch))
+    return chi2_fit(released, law(channels))
 
 
-def power(ch, moved, released) -> float:
-    if isinstance(ch, NoiseChannel):
-        return ks_power(released.size, ch.theta, ch.eta, moved.theta, moved.eta)
-    return chi2_power(released.sum(axis=1).astype(float), categorical_law(ch), categorical_law(moved))
+def power(channels: tuple, moved: tuple, released: np.ndarray) -> float:
+    """Power at LEVEL of `fit` against `moved` when the sampler follows `channels`, from the laws alone."""
+    if isinstance(channels[0], NoiseChannel):
+        (ch,), (other,) = channels, moved
+        return ks_power(released.size, ch.theta, ch.eta, other.theta, other.eta)
+    return chi2_power(released.sum(axis=1).astype(float), law(channels), law(moved))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_the_sampler_passes_its_own_channel(lab, name):
-    _case(name)
-    ch, released = lab.draw(name)
-    assert fit(ch, released) >= LEVEL
+@pytest.mark.parametrize("label", list(DRAWN))
+def test_the_sampler_passes_its_own_channel(lab, label):
+    _case(DRAWN[label].entry)
+    draw = lab.draw(label)
+    assert fit(draw.channels, draw.released) >= LEVEL
 
 
-@pytest.mark.parametrize("name, parameter, factor", MOVED)
-def test_the_sampler_fails_the_channel_moved_30_percent(lab, name, parameter, factor):
-    (m,) = [m for m in _case(name) if m.parameter == parameter]
-    ch, released = lab.draw(name)
-    moved = lab.channel(m.spec_entry(EXAMPLES[name]()[0], factor))
-    assert power(ch, moved, released) >= MIN_POWER   # the test has power: computed from the two laws alone
-    assert fit(moved, released) < LEVEL
+@pytest.mark.parametrize("label, parameter, factor", MOVED)
+def test_the_sampler_fails_the_channel_moved_30_percent(lab, label, parameter, factor):
+    draw = lab.draw(label)
+    moved = lab.channels(spec_entry(label, factor, parameter))
+    assert len(moved) == len(draw.channels)
+    assert power(draw.channels, moved, draw.released) >= MIN_POWER   # the test has power: from the two laws alone
+    assert fit(moved, draw.released) < LEVEL
