@@ -13,7 +13,8 @@ alias sampler, the per-cluster RR, the two-sided Gamma draws) perturbs a fixed t
   (scipy.stats.kstest).
 
 Besides each entry's example, DRAWN covers branches of the sampler the examples do not take: ϑ = ½ (drawn from
-one normal) and variables in strata (each row's uniform replayed into its stratum's channel).
+one normal), variables in strata (each row's uniform replayed into its stratum's channel) and longitudinal
+releases (keyed uniforms and the keyed Gamma kernel, under a fixed population secret).
 
 The test passes at the channel's own parameter (p ≥ LEVEL) and fails (p < LEVEL) at the channel the entry's own
 constructor builds with its parameter moved by −30 % and +30 % (ε for an LDP channel; the entry's parameter
@@ -38,6 +39,7 @@ from examples import EXAMPLES
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.gamma import NoiseChannel
 from pram_lib.families import ENTRIES, family_of
+from pram_lib.ops.panel import SECRET_BYTES, SECRET_FILE, panel_folder
 from pram_lib.pipeline import release, stream
 from pram_lib.spec import load_spec
 
@@ -52,6 +54,7 @@ SEED = 20261127
 # A move of 3-8 % already has power 0.999 at these sizes, so a sampler off by a few percent fails its own test.
 N_PER = 20_000          # records of every input cell (categorical, group), in every stratum
 N_NOISE = 200_000       # records of a noise entry
+PERSON = "person_id"    # the longitudinal key of the longitudinal draws
 MIN_EXPECTED = 5.0      # Cochran's rule: cells expected below it are merged within their row
 
 
@@ -183,6 +186,7 @@ class Drawn:
 
     entry: str
     change: tuple = ()
+    longitudinal: bool = False   # the memoized sampler: a keyed uniform (or keyed Gamma) per (person, value)
 
 
 DRAWN: dict[str, Drawn] = {
@@ -192,6 +196,10 @@ DRAWN: dict[str, Drawn] = {
     # in strata each row's uniform is drawn first and replayed into its stratum's channel (C kernel / alias)
     "pram-keep, in strata": Drawn("pram-keep", (("strata", ["region"]),)),
     "pram-invariant, in strata": Drawn("pram-invariant", (("strata", ["region"]), ("prior", "data"))),
+    # a longitudinal release feeds each sampler a keyed pseudorandom uniform (the C kernels' `given` forms, the
+    # keyed Gamma kernel); every row here is another person, so the draws are independent
+    **{f"{name}, longitudinal": Drawn(name, longitudinal=True)
+       for name in ("rr-uniform", "pram-custom", "rr-clusters", "gamma-noise")},
 }
 MOVED = [(label, m.parameter, f) for label, d in DRAWN.items()
          for m in CASES.get(d.entry, (Moved("none", _epsilon),)) for f in MOVES]
@@ -216,16 +224,25 @@ class Lab:
     def __init__(self, folder):
         self.folder, self.draws, self.built = folder, {}, 0
 
-    def build(self, variable: dict):
-        """(spec, profile, assignments) of a one-variable spec on the example's source."""
+    def build(self, variable: dict, longitudinal: bool = False):
+        """(spec, profile, assignments) of a one-variable spec on the example's source (a longitudinal one: every
+        row another person, the population's secret fixed)."""
         self.built += 1
         here = self.folder / f"spec-{self.built}"
         here.mkdir()
-        EXAMPLES[variable["channel"]]()[1].to_csv(here / "src.csv", index=False)
+        df = EXAMPLES[variable["channel"]]()[1]
         doc = {"release": "distributions", "source": {"path": "src.csv"}, "output": str(here / "out"),
                "private_store": str(here / "private"), "budget": 100.0,
                "passthrough": [c for c in ("region",) if c not in variable.get("columns", [])],
                "engine": {"mode": "memory"}, "variables": [variable]}
+        if longitudinal:
+            df.insert(0, PERSON, np.arange(len(df)))
+            population = f"distributions-{self.built}"
+            doc.update(population={"key": population, "cap": 1000.0}, longitudinal={"key": PERSON})
+            secret = panel_folder(here / "private", population) / SECRET_FILE
+            secret.parent.mkdir(parents=True)
+            secret.write_bytes(bytes(range(SECRET_BYTES)))   # fixed: the keyed draws are deterministic
+        df.to_csv(here / "src.csv", index=False)
         (here / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         spec = load_spec(here / "s.yaml")
         profile = stream.profile_source(spec, 1)
@@ -239,13 +256,19 @@ class Lab:
         """For a categorical or group entry N_PER records of every true cell (in every stratum) and the table of
         released counts per (stratum, true cell); for a noise entry N_NOISE records and released − true."""
         if label not in self.draws:
-            spec, profile, assignments = self.build(spec_entry(label))
+            spec, profile, assignments = self.build(spec_entry(label), DRAWN[label].longitudinal)
             v, ch = spec.variables[0], assignments[0].channel
             plan = stream.make_plan(spec, profile, assignments, SEED, None, "memory")
+
+            def released(df: pd.DataFrame) -> dict:   # the release's pass 2 on one chunk, for this variable
+                if plan.memo is None:
+                    return family_of(v).perturb_chunk(plan, 0, v, df, 0)[0]
+                df.insert(0, PERSON, np.arange(len(df)))
+                return family_of(v).perturb_chunk(plan, 0, v, df, 0, plan.memo.chunk(df, 0))[0]
+
             if isinstance(ch, NoiseChannel):
                 x = np.resize(EXAMPLES[DRAWN[label].entry]()[1][v.column].to_numpy(dtype=float), N_NOISE)
-                columns, _ = family_of(v).perturb_chunk(plan, 0, v, pd.DataFrame({v.column: x}), 0)
-                self.draws[label] = Draw((ch,), columns[v.column] - x)
+                self.draws[label] = Draw((ch,), released(pd.DataFrame({v.column: x}))[v.column] - x)
             else:
                 group = isinstance(ch, mr.GroupChannel)
                 sizes = list(ch.sizes) if group else [ch.n_inputs]
@@ -257,7 +280,7 @@ class Lab:
                                    for c, d, x in zip(names, domains, np.unravel_index(truth, sizes))})
                 for j, column in enumerate(getattr(v, "strata", [])):   # stratum after stratum, in their order
                     df[column] = np.repeat([a.stratum[j] for a in assignments], k * N_PER)
-                columns, _ = family_of(v).perturb_chunk(plan, 0, v, df, 0)
+                columns = released(df)
                 out = np.ravel_multi_index([np.asarray(columns[c].codes, dtype=np.int64) for c in names], sizes)
                 row = np.repeat(np.arange(strata), k * N_PER) * k + truth
                 self.draws[label] = Draw(tuple(a.channel for a in assignments),
