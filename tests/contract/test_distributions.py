@@ -178,6 +178,8 @@ def ks_power(n: int, theta: float, eta: float, theta1: float, eta1: float) -> fl
     distance = float(np.max(np.abs(two_sided_gamma_cdf(y, theta, eta) - two_sided_gamma_cdf(y, theta1, eta1))))
     margin = distance - float(stats.kstwo.isf(LEVEL, n))
     return 0.0 if margin <= 0 else 1 - 2 * math.exp(-2 * n * margin ** 2)
+
+
 # -- the release's sampler on a fixed input ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Drawn:
