@@ -13,7 +13,7 @@ import pytest
 import synth
 from pram_lib.pipeline.links import RELEASES_ROOT_ENV, RELEASES_URL_ENV
 
-pytestmark = [pytest.mark.prefect]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
 
 def test_the_summary_links_the_published_folder_over_http(prefect_server, tmp_path, monkeypatch):
