@@ -26,7 +26,8 @@ is largest when its value differs between the neighbours in every release, so co
 per release is the worst record's loss across the history. Each release's pair comes from:
 
 - :meth:`PrivacyLoss.for_channel`: a categorical channel's matrix; a pair of its rows dominating every
-  ordered pair of rows if there is one (exact: see :func:`dominating_pair`), else the binary bound below;
+  ordered pair of rows if there is one (exact: see :func:`dominating_pair`), else the binary bound below,
+  or (``envelope=True``) the least pair dominating all ordered pairs of rows (:func:`envelope_of_row_pairs`);
 - :meth:`PrivacyLoss.for_ldp`: binary randomized response at ε, which dominates every ε-LDP mechanism
   (Kairouz, Oh & Viswanath 2015, "The composition theorem for differential privacy", Thm. 2.2);
 - :meth:`PrivacyLoss.for_refusal`: the gate's refusal bit when any data set is refused with probability ≤ β.
@@ -41,6 +42,7 @@ from typing import Iterable
 
 import numpy as np
 from scipy import fft, signal
+from scipy.spatial import ConvexHull, QhullError
 
 from pram_lib.core.epsilon import dense_epsilon
 
@@ -49,6 +51,7 @@ TAIL_MASS = 1e-15            # mass a composition may cut from its tails (pessim
 _SPARSE_PRODUCT = 1 << 20    # nonzeros(a)·nonzeros(b) up to which a composition is exact (bincount), not FFT
 _DOMINANCE_SLACK = 1e-12     # float rounding allowed when comparing hockey-stick divergences of two row pairs
 _ROWS_PER_CHUNK_CELLS = 4_000_000
+ENVELOPE_MAX_ROWS = 128      # the envelope sorts S²(S−1) lines (2.5 s at 128): beyond, the binary bound
 
 
 class PrivacyLoss:
@@ -148,11 +151,14 @@ class PrivacyLoss:
         return cls.from_losses([epsilon, -epsilon], [truthful, 1.0 - truthful], 0.0, interval, "binary RR bound")
 
     @classmethod
-    def for_channel(cls, matrix, epsilon: float | None = None, interval: float = DEFAULT_INTERVAL) -> "PrivacyLoss":
+    def for_channel(cls, matrix, epsilon: float | None = None, interval: float = DEFAULT_INTERVAL,
+                    envelope: bool = False) -> "PrivacyLoss":
         """A categorical channel (rows = true value, columns = released value): the PLD of an ordered pair of
         rows dominating every ordered pair (``dominance`` 'pair (a, b)'), else binary RR at the matrix's
-        largest loss ('binary RR bound'). ``epsilon``, when given, is the channel's claimed ε: a matrix whose
-        largest loss exceeds it is refused."""
+        largest loss ('binary RR bound'), or with ``envelope`` the least pair dominating all ordered pairs of
+        rows ('envelope of row pairs', see :func:`envelope_of_row_pairs`; never looser than the binary bound,
+        and much tighter for asymmetric channels). ``epsilon``, when given, is the channel's claimed ε: a
+        matrix whose largest loss exceeds it is refused."""
         m = np.asarray(matrix, dtype=float)
         if m.ndim != 2 or m.shape[0] < 1 or m.shape[1] < 1:
             raise ValueError(f"matrix must be 2-D (rows = true values, columns = released), found shape {m.shape}")
@@ -162,6 +168,9 @@ class PrivacyLoss:
         if epsilon is not None and largest > float(epsilon) * (1 + 1e-9) + 1e-12:
             raise ValueError(f"the matrix's largest loss {largest!r} exceeds the claimed epsilon {epsilon!r}")
         pair = dominating_pair(m)
+        if pair is None and envelope and m.shape[0] <= ENVELOPE_MAX_ROWS:
+            losses, probs, infinite = envelope_of_row_pairs(m)
+            return cls.from_losses(losses, probs, infinite, interval, "envelope of row pairs")
         if pair is None:
             return cls.for_ldp(largest, interval)
         a, b = pair
@@ -342,6 +351,66 @@ def dominating_pair(matrix) -> tuple[int, int] | None:
         if _dominates(p[c], q[c], kinks[c], p, q, kinks):
             return int(a_idx[c]), int(b_idx[c])
     return None
+
+
+def envelope_of_row_pairs(matrix) -> tuple[np.ndarray, np.ndarray, float]:
+    """The least pair dominating every ordered pair of rows: its finite losses, their masses under P, and
+    its infinity mass. H_α(p||q) = max over k of a_k − α·b_k, where a_k, b_k are the masses under p and q of
+    the k outputs with the largest ratio p/q (a convex piecewise-linear function is the maximum of its
+    pieces' lines), so sup over pairs of H_α is the upper envelope of all these lines on α ≥ 0 (the convex
+    hull trick). Consecutive envelope lines j, j+1 meet at α_j = (a_j − a_{j+1})/(b_j − b_{j+1}); the
+    envelope is then H_α(P||Q) of the pair with one output per kink of masses (a_j − a_{j+1}, b_j − b_{j+1}),
+    loss ln α_j, one output Q alone produces (1 − b_0) and one P alone produces (the last line's a: the
+    largest infinity mass). It is convex, decreasing and equals 1 at α = 0, as every H is."""
+    m = np.asarray(matrix, dtype=float)
+    s = m.shape[0]
+    a_idx, b_idx = np.nonzero(~np.eye(s, dtype=bool))
+    p, q = m[a_idx], m[b_idx]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(p > 0, np.where(q > 0, p / q, np.inf), 0.0)
+    order = np.argsort(-ratio, axis=1, kind="stable")
+    rows = np.arange(p.shape[0])[:, None]
+    a = np.cumsum(p[rows, order], axis=1)                  # line k of a pair: its k+1 largest ratios
+    b = np.cumsum(q[rows, order], axis=1)
+    infinite = np.where(q == 0, p, 0.0).sum(axis=1)
+    a = np.concatenate([a.ravel(), infinite])            # and the constant line (its infinity mass)
+    b = np.concatenate([b.ravel(), np.zeros(infinite.size)])
+    a, b = _hull_candidates(a, b)
+    # lines by slope −b increasing; of equal b only the largest a can matter
+    order = np.lexsort((-a, -b))
+    a, b = a[order], b[order]
+    first = np.concatenate([[True], b[1:] != b[:-1]])
+    hull: list[int] = []
+    for i in np.flatnonzero(first):                      # the convex hull trick (monotone slopes)
+        while hull:
+            top = hull[-1]
+            if a[i] >= a[top]:                           # the flatter line is at least as high from α = 0 on
+                hull.pop()
+                continue
+            if len(hull) >= 2:
+                below = hull[-2]
+                # top is useless if i overtakes it no later than top overtakes the line before it
+                if (a[top] - a[i]) * (b[below] - b[top]) <= (a[below] - a[top]) * (b[top] - b[i]):
+                    hull.pop()
+                    continue
+            break
+        hull.append(int(i))
+    ha, hb = a[hull], b[hull]
+    mass_p, mass_q = ha[:-1] - ha[1:], hb[:-1] - hb[1:]
+    keep = mass_p > 0
+    return np.log(mass_p[keep]) - np.log(mass_q[keep]), mass_p[keep], float(ha[-1])
+
+
+def _hull_candidates(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Only a vertex of the convex hull of the points (b, a) can be an envelope line: scipy's Qhull thins
+    many lines before the exact hull trick (which runs in Python); a degenerate set is kept whole."""
+    if a.size < 2000:
+        return a, b
+    try:
+        vertices = ConvexHull(np.column_stack([b, a])).vertices
+    except QhullError:
+        return a, b
+    return a[vertices], b[vertices]
 
 
 def _dominates(pc, qc, kc, p, q, kinks) -> bool:

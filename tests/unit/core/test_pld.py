@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from scipy.special import comb
 
-from pram_lib.core.pld import DEFAULT_INTERVAL, TAIL_MASS, PrivacyLoss, compose_all, dominating_pair
+from pram_lib.core.pld import (DEFAULT_INTERVAL, TAIL_MASS, PrivacyLoss, compose_all, dominating_pair,
+                             envelope_of_row_pairs)
 
 D = DEFAULT_INTERVAL
 FLOAT = 1e-12     # float rounding of sums of ≤ 10^6 probabilities
@@ -212,10 +213,11 @@ def test_dominating_pair_agrees_with_brute_force_and_bounds_every_pair_composed(
     assert (found is None) == (brute == [])
     if found is not None:
         assert found in brute
-    pld = PrivacyLoss.for_channel(m).self_compose(3)
-    for a, b in itertools.permutations(range(m.shape[0]), 2):     # every record's worst 3-release loss
-        for e in (0.0, 0.4, 1.2, 3.0):
-            assert exact_delta_of_product(m[a], m[b], 3, e) <= pld.delta(e) + FLOAT
+    for envelope in (False, True):
+        pld = PrivacyLoss.for_channel(m, envelope=envelope).self_compose(3)
+        for a, b in itertools.permutations(range(m.shape[0]), 2):     # every record's worst 3-release loss
+            for e in (0.0, 0.4, 1.2, 3.0):
+                assert exact_delta_of_product(m[a], m[b], 3, e) <= pld.delta(e) + FLOAT
 
 
 def test_refusal_bit_dominates_every_pair_of_refusal_probabilities_tightly():
@@ -302,3 +304,49 @@ def test_composing_twelve_releases_of_six_channels_is_fast():
     elapsed = time.perf_counter() - start
     assert total.pmf.sum() + total.infinity_mass == pytest.approx(1.0, abs=1e-9)
     assert elapsed < 2.0, elapsed          # ≈ 0.4 s alone on this machine; the margin is for a shared CPU
+
+
+def random_channels(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for t in range(n):
+        s = int(rng.integers(2, 6))
+        m = rng.dirichlet(np.ones(s), size=s)
+        if t % 3 == 0:                                    # some outputs a row cannot produce: infinite losses
+            m[rng.random(m.shape) < 0.25] = 0.0
+            m[m.sum(axis=1) == 0, 0] = 1.0
+            m /= m.sum(axis=1, keepdims=True)
+        yield m
+
+
+def test_envelope_is_the_largest_hockey_stick_of_every_ordered_pair_of_rows():
+    alphas = np.concatenate([[0.0], np.exp(np.linspace(-7, 7, 2001))])
+    for m in random_channels(60, seed=7):
+        losses, probs, infinite = envelope_of_row_pairs(m)
+        assert probs.sum() + infinite == pytest.approx(1.0, abs=1e-12)
+        # the envelope pair's H_α: infinity mass + Σ (P − α·Q) over its outputs, Q = P·e^{−loss}
+        envelope = infinite + np.maximum(probs[None, :] * (1 - alphas[:, None] * np.exp(-losses)[None, :]), 0).sum(1)
+        brute = np.max([np.maximum(m[a][None, :] - alphas[:, None] * m[b][None, :], 0).sum(axis=1)
+                        for a, b in itertools.permutations(range(m.shape[0]), 2)], axis=0)
+        assert np.max(np.abs(envelope - brute)) < 1e-12
+
+
+def test_envelope_for_a_channel_without_dominating_pair_is_tighter_than_binary_rr_and_bounds_every_pair():
+    m = np.array([[0.6, 0.3, 0.1], [0.1, 0.6, 0.3], [0.3, 0.1, 0.6]])
+    pld = PrivacyLoss.for_channel(m, envelope=True)
+    assert pld.dominance == "envelope of row pairs"
+    assert pld.delta(0.0) == pytest.approx(0.5, abs=D)           # total variation of (x, x+1): 0.5 = max over pairs
+    assert pld.delta(0.0) < PrivacyLoss.for_channel(m).delta(0.0) - 0.1     # binary RR at ln 6: 5/7
+    for k in (1, 2, 4):
+        composed = pld.self_compose(k)
+        for e in (0.0, 0.5, 1.0, 2.0):
+            worst = max(exact_delta_of_product(m[a], m[b], k, e) for a, b in itertools.permutations(range(3), 2))
+            assert worst - FLOAT <= composed.delta(e)
+
+
+def test_envelope_equals_the_dominating_pair_when_there_is_one():
+    m = rr_uniform(4, 0.9)
+    a, b = dominating_pair(m)
+    losses, probs, infinite = envelope_of_row_pairs(m)
+    for x in np.exp([-2.0, -0.3, 0.0, 0.4, 0.9, 2.0]):                 # same H_α, before any grid
+        envelope = infinite + np.maximum(probs * (1 - x * np.exp(-losses)), 0).sum()
+        assert envelope == pytest.approx(hockey_stick(m[a], m[b], x), abs=1e-12)
