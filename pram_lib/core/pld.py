@@ -51,7 +51,7 @@ TAIL_MASS = 1e-15            # mass a composition may cut from its tails (pessim
 _SPARSE_PRODUCT = 1 << 20    # nonzeros(a)·nonzeros(b) up to which a composition is exact (bincount), not FFT
 _DOMINANCE_SLACK = 1e-12     # float rounding allowed when comparing hockey-stick divergences of two row pairs
 _ROWS_PER_CHUNK_CELLS = 4_000_000
-ENVELOPE_MAX_ROWS = 128      # the envelope sorts S²(S−1) lines (2.5 s at 128): beyond, the binary bound
+ENVELOPE_MAX_ROWS = 128      # the envelope sorts S²(S−1) lines (≈2 s at 128): beyond, the binary bound
 
 
 class PrivacyLoss:
@@ -167,10 +167,12 @@ class PrivacyLoss:
         largest = dense_epsilon(m)
         if epsilon is not None and largest > float(epsilon) * (1 + 1e-9) + 1e-12:
             raise ValueError(f"the matrix's largest loss {largest!r} exceeds the claimed epsilon {epsilon!r}")
-        pair = dominating_pair(m)
-        if pair is None and envelope and m.shape[0] <= ENVELOPE_MAX_ROWS:
+        pair = None
+        if 2 <= m.shape[0] <= ENVELOPE_MAX_ROWS:
             losses, probs, infinite = envelope_of_row_pairs(m)
-            return cls.from_losses(losses, probs, infinite, interval, "envelope of row pairs")
+            pair = _pair_equal_to_envelope(m, losses, probs, infinite)
+            if pair is None and envelope:
+                return cls.from_losses(losses, probs, infinite, interval, "envelope of row pairs")
         if pair is None:
             return cls.for_ldp(largest, interval)
         a, b = pair
@@ -331,24 +333,41 @@ def compose_all(losses: Iterable[PrivacyLoss], tail_mass: float = TAIL_MASS) -> 
 
 def dominating_pair(matrix) -> tuple[int, int] | None:
     """An ordered pair of rows (a, b) whose hockey-stick divergence H_α(M[a] || M[b]) is at least every
-    ordered pair's at every α ≥ 0, or None. Exact: H_α(p||q) = Σ_z (p_z − α q_z)⁺ is piecewise linear in α
-    with kinks at the ratios p_z/q_z, equals 1 at α = 0 and its infinity mass beyond the last kink, so two
-    pairs compare everywhere once they compare at both pairs' kinks and at α = ∞. Only a pair with the
-    largest value of a positive functional of H can dominate; those are checked against every pair."""
+    ordered pair's at every α ≥ 0, or None (and None beyond ENVELOPE_MAX_ROWS rows)."""
     m = np.asarray(matrix, dtype=float)
-    s = m.shape[0]
-    if s < 2:
+    if not 2 <= m.shape[0] <= ENVELOPE_MAX_ROWS:
         return None
+    return _pair_equal_to_envelope(m, *envelope_of_row_pairs(m))
+
+
+def _pair_equal_to_envelope(m: np.ndarray, losses: np.ndarray, probs: np.ndarray,
+                            infinite: float) -> tuple[int, int] | None:
+    """A pair dominates every pair iff its H equals their supremum, the envelope. Exact: H_α(p||q) =
+    Σ_z (p_z − α q_z)⁺ is piecewise linear in α with kinks at the ratios p_z/q_z, 1 at α = 0 and its
+    infinity mass beyond the last kink, so two such curves compare everywhere once they compare at both
+    curves' kinks and at α = ∞. Candidates are the pairs matching the envelope at a few probe α."""
+    s = m.shape[0]
     a_idx, b_idx = np.nonzero(~np.eye(s, dtype=bool))
     p, q = m[a_idx], m[b_idx]
-    kinks = np.where((p > 0) & (q > 0), p / np.where(q > 0, q, 1.0), 1.0)     # filler α = 1 is a harmless check
-    infinite = np.where(q == 0, p, 0.0).sum(axis=1)
+    pair_infinite = np.where(q == 0, p, 0.0).sum(axis=1)
+    env_q = probs * np.exp(-losses)
+
+    def envelope_at(alphas: np.ndarray) -> np.ndarray:
+        return infinite + np.maximum(probs[None, :] - alphas[:, None] * env_q[None, :], 0.0).sum(axis=1)
+
     probe = np.exp(np.linspace(-5.0, 5.0, 21))
-    score = _hockey_sticks(p, q, np.broadcast_to(probe, (p.shape[0], probe.size))).sum(axis=1) + infinite
-    for c in np.flatnonzero(score >= score.max() - 1e-9)[:8]:
-        if infinite[c] < infinite.max() - _DOMINANCE_SLACK:
-            continue
-        if _dominates(p[c], q[c], kinks[c], p, q, kinks):
+    chunk = max(1, _ROWS_PER_CHUNK_CELLS // (probe.size * p.shape[1]))
+    at_probe = np.concatenate([_hockey_sticks(p[i:i + chunk], q[i:i + chunk],
+                                              np.broadcast_to(probe, (min(chunk, p.shape[0] - i), probe.size)))
+                               for i in range(0, p.shape[0], chunk)])
+    matching = np.all(at_probe >= envelope_at(probe) - _DOMINANCE_SLACK, axis=1)
+    matching &= pair_infinite >= infinite - _DOMINANCE_SLACK
+    env_kinks = np.exp(losses)
+    for c in np.flatnonzero(matching)[:8]:
+        live = (p[c] > 0) & (q[c] > 0)
+        alphas = np.concatenate([p[c][live] / q[c][live], env_kinks])
+        if np.all(_hockey_sticks(p[c][None, :], q[c][None, :], alphas[None, :])[0]
+                  >= envelope_at(alphas) - _DOMINANCE_SLACK):
             return int(a_idx[c]), int(b_idx[c])
     return None
 
@@ -411,18 +430,6 @@ def _hull_candidates(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarr
     except QhullError:
         return a, b
     return a[vertices], b[vertices]
-
-
-def _dominates(pc, qc, kc, p, q, kinks) -> bool:
-    chunk = max(1, _ROWS_PER_CHUNK_CELLS // (2 * p.shape[1] ** 2))
-    for start in range(0, p.shape[0], chunk):
-        sl = slice(start, start + chunk)
-        alphas = np.concatenate([kinks[sl], np.broadcast_to(kc, kinks[sl].shape)], axis=1)
-        theirs = _hockey_sticks(p[sl], q[sl], alphas)
-        ours = _hockey_sticks(np.broadcast_to(pc, p[sl].shape), np.broadcast_to(qc, q[sl].shape), alphas)
-        if np.any(ours < theirs - _DOMINANCE_SLACK):
-            return False
-    return True
 
 
 def _hockey_sticks(p: np.ndarray, q: np.ndarray, alphas: np.ndarray) -> np.ndarray:
