@@ -114,18 +114,27 @@ class PrivacyLoss:
 
     @classmethod
     def from_losses(cls, losses, probs, infinity_mass: float = 0.0, interval: float = DEFAULT_INTERVAL,
-                    dominance: str = "pair") -> "PrivacyLoss":
-        """The PLD with mass ``probs`` at the (finite) ``losses``, each rounded up to the grid."""
+                    dominance: str = "pair", tail_mass: float = TAIL_MASS) -> "PrivacyLoss":
+        """The PLD with mass ``probs`` at the (finite) ``losses``, each rounded up to the grid; tails of mass
+        ≤ tail_mass/2 each are cut pessimistically before the grid is laid (binary RR at ε = 700 would
+        otherwise span 14 million grid points for a mass of e^−700 at −ε)."""
         interval = float(interval)
         losses, probs = np.asarray(losses, dtype=float), np.asarray(probs, dtype=float)
+        if losses.shape != probs.shape or losses.ndim != 1:
+            raise ValueError("losses and probs must be 1-D arrays of the same length")
         keep = probs > 0
         if not np.all(np.isfinite(losses[keep])):
             raise ValueError("losses must be finite (put the mass of an infinite loss in infinity_mass)")
         idx = np.ceil(losses[keep] / interval).astype(np.int64)
         if idx.size == 0:
             return cls(interval, 0, np.zeros(0), infinity_mass, dominance)
-        lo = int(idx.min())
-        return cls(interval, lo, np.bincount(idx - lo, weights=probs[keep]), infinity_mass, dominance)
+        order = np.argsort(idx, kind="stable")
+        idx, mass = idx[order], probs[keep][order]
+        cut_left, cut_right, left_mass, right_mass = _tail_cuts(mass, tail_mass)
+        idx, mass = idx[cut_left:idx.size - cut_right], mass[cut_left:mass.size - cut_right].copy()
+        mass[0] += left_mass
+        lo = int(idx[0])
+        return cls(interval, lo, np.bincount(idx - lo, weights=mass), infinity_mass + right_mass, dominance)
 
     @classmethod
     def from_pair(cls, p, q, interval: float = DEFAULT_INTERVAL) -> "PrivacyLoss":
@@ -458,22 +467,26 @@ def _convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.maximum(signal.fftconvolve(a, b), 0.0)
 
 
+def _tail_cuts(values: np.ndarray, tail_mass: float) -> tuple[int, int, float, float]:
+    """How many of the (non-empty) values to cut from each end, each end's cut mass ≤ tail_mass/2 and one
+    value kept at least, and the two masses cut (dp_accounting's _truncate_tails)."""
+    from_left, from_right = np.cumsum(values), np.cumsum(values[::-1])
+    half = tail_mass / 2 if tail_mass > 0 else -1.0
+    cut_left = min(int(np.searchsorted(from_left, half, side="right")), values.size - 1)
+    cut_right = min(int(np.searchsorted(from_right, half, side="right")), values.size - 1 - cut_left)
+    return (cut_left, cut_right, float(from_left[cut_left - 1]) if cut_left else 0.0,
+            float(from_right[cut_right - 1]) if cut_right else 0.0)
+
+
 def _truncate_tails(probs: np.ndarray, tail_mass: float) -> tuple[int, np.ndarray, float]:
-    """Cut the longest prefix and suffix of mass ≤ tail_mass/2 each, and the zeros at both ends: the prefix's
-    mass goes to the first kept loss (rounded up), the suffix's is returned for the infinity mass
-    (dp_accounting's _truncate_tails with pessimistic_estimate). Returns (first kept index, kept, suffix mass)."""
+    """Cut the tails (see _tail_cuts) and the zeros at both ends: the left tail's mass goes to the first kept
+    loss (rounded up), the right tail's is returned for the infinity mass (pessimistic_estimate).
+    Returns (first kept index, kept, right tail's mass)."""
     nz = np.flatnonzero(probs)
     if nz.size == 0:
         return 0, probs[:0], 0.0
-    values = probs[nz]
-    from_left, from_right = np.cumsum(values), np.cumsum(values[::-1])
-    half = tail_mass / 2 if tail_mass > 0 else -1.0
-    cut_left = int(np.searchsorted(from_left, half, side="right"))
-    cut_right = int(np.searchsorted(from_right, half, side="right"))
-    cut_left = min(cut_left, nz.size - 1)
-    cut_right = min(cut_right, nz.size - 1 - cut_left)
+    cut_left, cut_right, left_mass, right_mass = _tail_cuts(probs[nz], tail_mass)
     start, stop = int(nz[cut_left]), int(nz[nz.size - 1 - cut_right]) + 1
     kept = probs[start:stop].copy()
-    if cut_left:
-        kept[0] += from_left[cut_left - 1]
-    return start, kept, float(from_right[cut_right - 1]) if cut_right else 0.0
+    kept[0] += left_mass
+    return start, kept, right_mass

@@ -350,3 +350,12 @@ def test_envelope_equals_the_dominating_pair_when_there_is_one():
     for x in np.exp([-2.0, -0.3, 0.0, 0.4, 0.9, 2.0]):                 # same H_α, before any grid
         envelope = infinite + np.maximum(probs * (1 - x * np.exp(-losses)), 0).sum()
         assert envelope == pytest.approx(hockey_stick(m[a], m[b], x), abs=1e-12)
+
+
+@pytest.mark.parametrize("eps", [40.0, 700.0])
+def test_large_epsilon_cuts_its_negligible_tail_pessimistically(eps):
+    pld = PrivacyLoss.for_ldp(eps)                       # mass e^−ε/(1+e^−ε) ≤ 5e−16 at −ε: moved up to +ε
+    assert pld.pmf.size == 1
+    for e in (0.0, eps / 2, eps - 1.0):
+        exact = (math.exp(eps) - math.exp(e)) / (1 + math.exp(eps)) if eps < 700 else -math.expm1(e - eps)
+        assert exact - FLOAT <= pld.delta(e) <= exact + TAIL_MASS
