@@ -359,3 +359,21 @@ def test_large_epsilon_cuts_its_negligible_tail_pessimistically(eps):
     for e in (0.0, eps / 2, eps - 1.0):
         exact = (math.exp(eps) - math.exp(e)) / (1 + math.exp(eps)) if eps < 700 else -math.expm1(e - eps)
         assert exact - FLOAT <= pld.delta(e) <= exact + TAIL_MASS
+
+
+def test_optimal_pram_channel_envelope_bounds_every_record_and_beats_the_binary_bound():
+    from pram_lib.channels.pram import optimal_pram
+    ch = optimal_pram([0.5, 0.3, 0.15, 0.05], 0.7, variable="a", categories=list("wxyz"))
+    q = np.asarray(ch.keep, dtype=float)
+    m = np.where(np.eye(q.size, dtype=bool), q[:, None], ((1 - q) / (q.size - 1))[:, None])   # family (8)
+    assert brute_force_dominating_pairs(m) == []            # asymmetric: no pair of rows dominates
+    binary = PrivacyLoss.for_channel(m, epsilon=ch.guarantee.epsilon)
+    envelope = PrivacyLoss.for_channel(m, epsilon=ch.guarantee.epsilon, envelope=True)
+    assert (binary.dominance, envelope.dominance) == ("binary RR bound", "envelope of row pairs")
+    worst_tv = max(hockey_stick(m[a], m[b], 1.0) for a, b in itertools.permutations(range(4), 2))
+    assert envelope.delta(0.0) == pytest.approx(worst_tv, abs=D)
+    assert envelope.delta(0.0) < binary.delta(0.0)
+    composed = envelope.self_compose(3)
+    for e in (0.0, 0.5, 1.0, 2.0):
+        worst = max(exact_delta_of_product(m[a], m[b], 3, e) for a, b in itertools.permutations(range(4), 2))
+        assert worst - FLOAT <= composed.delta(e) <= binary.self_compose(3).delta(e - 3 * D) + FLOAT
