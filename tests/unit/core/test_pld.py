@@ -377,3 +377,19 @@ def test_optimal_pram_channel_envelope_bounds_every_record_and_beats_the_binary_
     for e in (0.0, 0.5, 1.0, 2.0):
         worst = max(exact_delta_of_product(m[a], m[b], 3, e) for a, b in itertools.permutations(range(4), 2))
         assert worst - FLOAT <= composed.delta(e) <= binary.self_compose(3).delta(e - 3 * D) + FLOAT
+
+
+@pytest.mark.parametrize("pair", [(ASYMMETRIC[0], ASYMMETRIC[1]), (np.array([0.97, 0.03]), np.array([0.99, 0.01]))],
+                         ids=["left-tail-cut", "right-tail-cut"])
+def test_tail_truncation_is_pessimistic_even_when_it_cuts_much(pair):
+    single = PrivacyLoss.from_pair(*pair)
+    for tail in (1e-3, 5e-2):
+        composed = single.self_compose(6, tail_mass=tail)
+        chained = single
+        for _ in range(5):
+            chained = chained.compose(single, tail_mass=tail)
+        for pld in (composed, chained, PrivacyLoss.from_losses(composed.losses, composed.pmf, composed.infinity_mass,
+                                                               tail_mass=tail)):
+            assert pld.pmf.sum() + pld.infinity_mass == pytest.approx(1.0, abs=1e-12)   # cut mass moved, not lost
+            for e in (-8.0, -1.0, 0.0, 1.0, 3.0, 5.0):
+                assert exact_delta_of_product(*pair, 6, e) - FLOAT <= pld.delta(e)
