@@ -460,8 +460,8 @@ def _distribution(x, name: str) -> np.ndarray:
 def _convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.size == 0 or b.size == 0:
         return np.zeros(0)
-    ia, ib = np.flatnonzero(a), np.flatnonzero(b)
-    if ia.size * ib.size <= _SPARSE_PRODUCT:
+    if np.count_nonzero(a) * np.count_nonzero(b) <= _SPARSE_PRODUCT:
+        ia, ib = np.flatnonzero(a), np.flatnonzero(b)
         idx = (ia[:, None] + ib[None, :]).ravel()
         return np.bincount(idx, weights=np.outer(a[ia], b[ib]).ravel(), minlength=a.size + b.size - 1)
     return np.maximum(signal.fftconvolve(a, b), 0.0)
@@ -482,11 +482,13 @@ def _truncate_tails(probs: np.ndarray, tail_mass: float) -> tuple[int, np.ndarra
     """Cut the tails (see _tail_cuts) and the zeros at both ends: the left tail's mass goes to the first kept
     loss (rounded up), the right tail's is returned for the infinity mass (pessimistic_estimate).
     Returns (first kept index, kept, right tail's mass)."""
-    nz = np.flatnonzero(probs)
-    if nz.size == 0:
+    if probs.size == 0 or not probs.any():
         return 0, probs[:0], 0.0
-    cut_left, cut_right, left_mass, right_mass = _tail_cuts(probs[nz], tail_mass)
-    start, stop = int(nz[cut_left]), int(nz[nz.size - 1 - cut_right]) + 1
+    cut_left, cut_right, left_mass, right_mass = _tail_cuts(probs, tail_mass)
+    start, stop = cut_left, probs.size - cut_right
+    if probs[start] == 0 or probs[stop - 1] == 0:     # a cut ends past the mass (zeros included): trim them
+        nz = start + np.flatnonzero(probs[start:stop])
+        start, stop = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (start, start + 1)
     kept = probs[start:stop].copy()
     kept[0] += left_mass
     return start, kept, right_mass

@@ -409,3 +409,11 @@ def test_fft_paths_agree_with_brute_force(monkeypatch):
             bound = exact_delta_of_product(*pair, k, e - k * D) + k * TAIL_MASS
             for pld in (chained, powered):
                 assert exact - 1e-10 <= pld.delta(e) <= bound + 1e-10     # FFT rounding: ≈1e-16 per bin
+
+
+def test_almost_all_mass_at_infinity_composes_without_losing_mass():
+    tiny = PrivacyLoss.from_losses([0.1, 0.2, 0.3], [4e-16, 1e-16, 2e-16], infinity_mass=1 - 7e-16, tail_mass=0.0)
+    wide = PrivacyLoss.from_pair([0.5, 0.25, 0.25], [0.25, 0.25, 0.5])
+    for pld in (tiny.compose(tiny), tiny.compose(wide), compose_all([tiny, wide, wide]), tiny.self_compose(5)):
+        assert pld.pmf.sum() + pld.infinity_mass == pytest.approx(1.0, abs=1e-15)
+        assert pld.delta(0.0) >= 1 - 1e-15
