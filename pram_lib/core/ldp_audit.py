@@ -180,10 +180,20 @@ def draw(sample: Callable[[np.ndarray, np.random.Generator], np.ndarray], pair: 
     (the production sampler: released codes of the codes' shape) and count pair.output in each half."""
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
-    codes = np.repeat(np.array([pair.true, pair.other], dtype=np.int64), samples)
-    hit = np.asarray(sample(codes, rng)) == pair.output
-    return AuditDraw(pair, float(claimed), int(samples), int(np.count_nonzero(hit[:samples])),
-                     int(np.count_nonzero(hit[samples:])))
+    count_true = count_other = 0
+    for n in blocks(samples):
+        hit = np.asarray(sample(np.repeat(np.array([pair.true, pair.other], dtype=np.int64), n), rng)) == pair.output
+        count_true += int(np.count_nonzero(hit[:n]))
+        count_other += int(np.count_nonzero(hit[n:]))
+    return AuditDraw(pair, float(claimed), int(samples), count_true, count_other)
+
+
+BLOCK = 1 << 19   # draws per value at a time: a few MB of codes, whatever the sample size
+
+
+def blocks(samples: int) -> list[int]:
+    """`samples` cut into blocks of at most BLOCK (the counts add up)."""
+    return [BLOCK] * (samples // BLOCK) + ([samples % BLOCK] if samples % BLOCK else [])
 
 
 def audit_sampler(sample: Callable[[np.ndarray, np.random.Generator], np.ndarray], pair: WorstPair,

@@ -209,3 +209,12 @@ def test_at_the_default_size_a_channel_at_1_25_or_1_11_times_its_claim_is_caught
     is above 0.9999 for each)."""
     assert power[kind, ratio][1] > 0.9999
     assert power[kind, ratio][0] >= 0.99
+
+
+def test_large_samples_are_drawn_in_blocks_whose_counts_add_up():
+    from pram_lib.core.ldp_audit import BLOCK, blocks
+
+    assert blocks(2 * BLOCK + 3) == [BLOCK, BLOCK, 3] and blocks(BLOCK) == [BLOCK] and sum(blocks(12345)) == 12345
+    pair = WorstPair(true=1, other=0, output=1, ratio=math.inf)
+    d = draw(lambda codes, rng: codes.copy(), pair, 1.0, BLOCK + 5, np.random.default_rng(0))
+    assert (d.count_true, d.count_other) == (BLOCK + 5, 0)

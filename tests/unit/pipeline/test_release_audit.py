@@ -160,3 +160,23 @@ def test_the_audit_knobs_are_checked_before_any_data_is_read(tmp_path, knob, val
     with pytest.raises(SpecError) as info:
         load_spec(tmp_path / "spec.yaml")
     assert info.value.field == field and info.value.line == text.splitlines().index(f"    {knob}: {value}") + 1
+
+
+def test_a_group_audit_larger_than_a_block_counts_every_draw():
+    """samples above ldp_audit.BLOCK: the counts of each cluster add up over the blocks, Bin(n, keep) from the
+    true cell and Bin(n, move_each) from the other (within 5 binomial sd)."""
+    from pram_lib.core.ldp_audit import BLOCK
+    from pram_lib.core.model import NO_STRATUM, Assignment
+    from pram_lib.families import REGISTRY
+
+    group = next(f for f in REGISTRY if f.kind == "group")
+    ch = mr.rr_independent({"m1": ["p", "q"], "m2": ["u", "v", "w"]}, 2.0)
+    n = BLOCK + 1_000
+    draws = group.audit_draws(None, [Assignment("pair", NO_STRATUM, (), ch, "uniform", 0.0)], n,
+                              np.random.default_rng(8))
+    assert [c for _, c, _, _ in draws] == [0, 1]
+    for _, c, d, labels in draws:
+        assert d.samples == n and d.claimed == ch.cluster_epsilons[c]
+        for count, p in ((d.count_true, ch.keep[c]), (d.count_other, ch.move[c])):
+            assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)), (c, count, n * p)
+    assert draws[1][3] == (["u"], ["v"], ["u"])
