@@ -180,3 +180,27 @@ def test_a_group_audit_larger_than_a_block_counts_every_draw():
         for count, p in ((d.count_true, ch.keep[c]), (d.count_other, ch.move[c])):
             assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)), (c, count, n * p)
     assert draws[1][3] == (["u"], ["v"], ["u"])
+
+
+def test_a_stratified_variable_is_audited_through_the_kernel_its_strata_use(folder, monkeypatch):
+    """Strata are perturbed with given uniforms (the kernel that reads a Replay), one stratum with the generator's
+    kernel: weakening only the former (each keep moved to twice its ε) fails the audit of `size`'s two strata
+    and of nothing else."""
+    from pram_lib.core import fastpath
+    from pram_lib.core.perturb import keep_uniform_tables
+
+    if fastpath.keep_uniform_kernel() is None:
+        pytest.skip("the C kernels are not built (make install builds them)")
+    real = fastpath.sample_keep_uniform_given
+
+    def weaker(codes, qa, wrap, replay, out=None):
+        q = qa.real[:-1]
+        s = q.size
+        odds = (q * (s - 1) / (1 - q)) ** 2   # e^{2ε} of symmetric RR with keep q
+        return real(codes, keep_uniform_tables(odds / (odds + s - 1))[0], wrap, replay, out)
+
+    monkeypatch.setattr(fastpath, "sample_keep_uniform_given", weaker)
+    _, _, result = gate(folder)
+    failed = [(s["variable"], s["stratum"]) for s in result["statistical"]
+              if s.get("check") == stream.AUDIT_CHECK and not s["passed"]]
+    assert failed == [("size", "region=north"), ("size", "region=south")]
