@@ -657,9 +657,9 @@ class Categorical(Family):
                      f"{100 * u['interval_coverage']:.0f}% |")
         return L + [""], util
 
-    def audit_draws(self, v, assignments, samples, rng):
+    def audit_draws(self, v, assignments, samples, rng, given=False):
         """Each stratum's channel through `perturb_codes`, as perturb_chunk calls it: with the generator (one
-        stratum), or with given uniforms (strata: the kernel that reads a Replay)."""
+        stratum), or with given uniforms (strata, or `given`: the kernel that reads a Replay)."""
         out = []
         for j, a in enumerate(assignments):
             ch = a.channel
@@ -668,7 +668,7 @@ class Categorical(Family):
             pair = ldp_audit.worst_pair(keep=ch.keep) if ch.is_keep_uniform else ldp_audit.worst_pair(matrix=ch.dense)
             labels = (to_json(ch.categories[pair.true]), to_json(ch.categories[pair.other]),
                       to_json(ch.output_categories[pair.output]))
-            sample = ch.perturb_codes if len(assignments) == 1 else \
+            sample = ch.perturb_codes if len(assignments) == 1 and not given else \
                 (lambda codes, r, ch=ch: ch.perturb_codes(codes, Replay(r.random(codes.size))))
             out.append((j, None, ldp_audit.draw(sample, pair, ch.epsilon, samples, rng), labels))
         return out

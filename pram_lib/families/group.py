@@ -555,10 +555,11 @@ class Group(Family):
                      f"{100 * u['coverage']:.0f}% |")
         return L + [""], grp
 
-    def audit_draws(self, v, assignments, samples, rng):
+    def audit_draws(self, v, assignments, samples, rng, given=False):
         """Every cluster at once, through the group's sampler (mr.perturb_group), in blocks: half the records
         hold cell 0 of every cluster, half cell 1; cluster c's released cell is its audit (clusters are
-        randomized independently). K-ary RR: every pair of cells and output = the first has the same ratio."""
+        randomized independently). K-ary RR: every pair of cells and output = the first has the same ratio.
+        `given`: each cluster reads given uniforms, as a longitudinal release's clusters do."""
         (a,) = assignments
         ch = a.channel
         if not isinstance(a.guarantee, LDP):
@@ -570,7 +571,8 @@ class Group(Family):
             for c in live:
                 cols = list(ch.clusters[c])
                 codes[n:, cols] = np.array(np.unravel_index(1, [ch.sizes[j] for j in cols]))
-            released = mr.perturb_group(ch, codes, rng)
+            released = mr.perturb_group(ch, codes, [Replay(rng.random(2 * n)) for _ in ch.clusters] if given
+                                        else rng)
             for row, c in enumerate(live):
                 hit = mr.cell_codes(released, ch.clusters[c], ch.sizes) == 0
                 counts[row] += (np.count_nonzero(hit[:n]), np.count_nonzero(hit[n:]))

@@ -821,8 +821,9 @@ def audit_channels(plan: Plan, confidence: float, samples: int, rng: np.random.G
     the published audit (its "confidence" is the release's, "confidence_each" the channel's own)."""
     from pram_lib.core.ldp_audit import per_channel_confidence
 
+    given = plan.memo is not None   # a longitudinal release feeds its samplers keyed uniforms
     draws = [(v, alist, j, c, d, labels) for v, family, alist in _by_variable(plan)
-             for j, c, d, labels in family.audit_draws(v, alist, samples, rng)]
+             for j, c, d, labels in family.audit_draws(v, alist, samples, rng, given)]
     each = per_channel_confidence(confidence, len(draws)) if draws else confidence
     out = []
     for v, alist, j, c, d, labels in draws:

@@ -182,10 +182,8 @@ def test_a_group_audit_larger_than_a_block_counts_every_draw():
     assert draws[1][3] == (["u"], ["v"], ["u"])
 
 
-def test_a_stratified_variable_is_audited_through_the_kernel_its_strata_use(folder, monkeypatch):
-    """Strata are perturbed with given uniforms (the kernel that reads a Replay), one stratum with the generator's
-    kernel: weakening only the former (each keep moved to twice its ε) fails the audit of `size`'s two strata
-    and of nothing else."""
+def _weaken_the_given_uniform_kernel(monkeypatch) -> None:
+    """The keep-uniform kernel that reads given uniforms (a Replay) perturbs at twice each symmetric channel's ε."""
     from pram_lib.core import fastpath
     from pram_lib.core.perturb import keep_uniform_tables
 
@@ -200,6 +198,31 @@ def test_a_stratified_variable_is_audited_through_the_kernel_its_strata_use(fold
         return real(codes, keep_uniform_tables(odds / (odds + s - 1))[0], wrap, replay, out)
 
     monkeypatch.setattr(fastpath, "sample_keep_uniform_given", weaker)
+
+
+def test_a_longitudinal_release_is_audited_through_the_kernel_its_keyed_uniforms_feed(folder, monkeypatch):
+    """A longitudinal release feeds every sampler given (keyed) uniforms: with `given`, a single-stratum channel
+    and a group's clusters are drawn through that kernel, and its weakening fails them."""
+    from pram_lib.families import REGISTRY
+
+    _weaken_the_given_uniform_kernel(monkeypatch)
+    (folder / "spec.yaml").write_text(SPEC)
+    spec = load_spec(folder / "spec.yaml")
+    assignments = release.choose_channels(spec, stream.profile_source(spec, 2), 2)
+    by_kind = {f.kind: f for f in REGISTRY}
+    colour = [a for a in assignments if a.column == "colour"]
+    pair = [a for a in assignments if a.column == "pair"]
+    for given, refused in ((False, False), (True, True)):
+        draws = (by_kind["categorical"].audit_draws(None, colour, 100_000, np.random.default_rng(1), given)
+                 + by_kind["group"].audit_draws(None, pair, 100_000, np.random.default_rng(1), given))
+        assert len(draws) == 3 and all(d.bound(0.999).refused == refused for _, _, d, _ in draws)
+
+
+def test_a_stratified_variable_is_audited_through_the_kernel_its_strata_use(folder, monkeypatch):
+    """Strata are perturbed with given uniforms (the kernel that reads a Replay), one stratum with the generator's
+    kernel: weakening only the former (each keep moved to twice its ε) fails the audit of `size`'s two strata
+    and of nothing else."""
+    _weaken_the_given_uniform_kernel(monkeypatch)
     _, _, result = gate(folder)
     failed = [(s["variable"], s["stratum"]) for s in result["statistical"]
               if s.get("check") == stream.AUDIT_CHECK and not s["passed"]]
