@@ -46,7 +46,8 @@ def main(flow_seconds: float = DEMO_FLOW_SECONDS) -> None:
         per_variable[v.key] = statistics.median(times)
     median = statistics.median(total)
     print(f"ε audit of the demo: {len(result)} channels, {audit.samples:,} draws per value, "
-          f"median {1000 * median:.1f} ms of {REPEATS} ({100 * median / flow_seconds:.2f}% of a {flow_seconds:g} s flow)")
+          f"median {1000 * median:.1f} ms of {REPEATS} "
+          f"({100 * median / flow_seconds:.2f}% of a {flow_seconds:g} s flow)")
     for name, seconds in per_variable.items():
         print(f"  {name:<16} {1000 * seconds:7.2f} ms")
 

@@ -4,9 +4,10 @@
 For a categorical channel M (M[x, y] = P(released y | true x)) the pair of true values (x, x') and the output y
 with the largest likelihood ratio M[x, y] / M[x', y] is where a channel weaker than claimed shows most. The audit
 draws n records with true value x and n with x' through the sampler that perturbed the data, counts how often y
-comes out (k and k'), and bounds each probability by Clopper–Pearson (the exact interval of `scipy.stats.binomtest(...).proportion_ci
-(method="exact")`, computed from scipy's Beta quantiles): a one-sided lower bound L on P(y | x) and upper bound U on P(y | x'), each at level
-1 − β/2. Then ε_lower = ln(L / U) is a lower confidence bound on the channel's ε at level 1 − β (Bonferroni over
+comes out (k and k'), and bounds each probability by Clopper–Pearson (the exact interval of
+`scipy.stats.binomtest(...).proportion_ci(method="exact")`, computed from scipy's Beta quantiles): a one-sided
+lower bound L on P(y | x) and upper bound U on P(y | x'), each at level 1 − β/2. Then ε_lower = ln(L / U)
+is a lower confidence bound on the channel's ε at level 1 − β (Bonferroni over
 the two bounds): for an ε-LDP channel, P(ε_lower > ε) ≤ β. Across the channels of one release the release's
 error 1 − confidence is split again (Bonferroni), so a correct release is refused with probability at most
 1 − confidence (:func:`per_channel_confidence`).

@@ -141,7 +141,8 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     """Everything but the data and the plots (`plots`: their files, drawn by draw_plots): channels.json and its
     schema, estimates, tables, validation summary, report.md. Returns (report text, overall estimates)."""
     curves, summary, tables = distributions
-    doc = to_json(channels_document(spec, assignments, validation.get("audit")))   # an infinite γ as "inf", never JSON's invalid Infinity
+    # an infinite γ as "inf", never JSON's invalid Infinity
+    doc = to_json(channels_document(spec, assignments, validation.get("audit")))
     try:
         decode_document(doc)   # read back by the readers' decoder (pram_lib.core.codec): never publish what they refuse
     except EntryError as e:

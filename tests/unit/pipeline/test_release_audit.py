@@ -137,7 +137,8 @@ def test_a_group_whose_sampler_is_weaker_than_its_clusters_fails_the_gate(folder
 
     monkeypatch.setattr(mr, "perturb_group", weaker)
     _, _, result = gate(folder)
-    failed = {(s["variable"]) for s in result["statistical"] if not s["passed"] and s.get("check") == stream.AUDIT_CHECK}
+    failed = {s["variable"] for s in result["statistical"]
+              if not s["passed"] and s.get("check") == stream.AUDIT_CHECK}
     assert failed == {"pair"} and not result["passed"]
 
 
