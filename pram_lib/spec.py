@@ -154,9 +154,18 @@ VariableSpec = Annotated[Annotated[Union[tuple(Annotated[m, Tag(c)] for c, m in 
                                    Discriminator(_channel_of)], BeforeValidator(_shape)]
 
 
+class AuditSpec(_Strict):
+    """The empirical ε audit of every ε-LDP channel (pram_lib.core.ldp_audit): a lower bound above the claim
+    refuses the release."""
+
+    confidence: float = Field(default=0.999, gt=0, lt=1)   # all the release's bounds hold together at this level
+    samples: int = Field(default=100_000, ge=1_000, le=100_000_000)   # draws per true value of the audited pair
+
+
 class ValidationSpec(_Strict):
     level: float = Field(default=1e-3, gt=0, lt=0.5)   # family-wise error rate over all statistical checks (Holm)
     min_expected: float = Field(default=5.0, ge=0)     # records per category every stratum needs for the χ² check
+    audit: AuditSpec = Field(default_factory=AuditSpec)
 
 
 DATA_FORMATS = ("parquet", "csv", "dta", "sav")   # files of the released table: Parquet (always), CSV, Stata, SPSS

@@ -8,6 +8,8 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
+
 from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
@@ -67,12 +69,27 @@ def _plot_halves(estimates, noisy: bool):
 
 
 @step("validate")
-def validate_task(spec, profile, plan, totals, stage: publish.Stage, helpers: sidecar.Helpers | None = None) -> dict:
-    """The gate: the GX suite in a helper process beside the statistical and exact checks here."""
-    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", helpers)
+def validate_task(spec, profile, plan, totals, stage: publish.Stage, helpers: sidecar.Helpers | None = None,
+                  seed_fixed: bool = False) -> dict:
+    """The gate: the GX suite in a helper process beside the statistical and exact checks and the ε audit here
+    (`seed_fixed`: the caller fixed the run's seed, so the audit's stream is derived from it)."""
+    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", helpers,
+                                    audit_rng=audit_rng(plan.seed, seed_fixed or spec.seed is not None))
     post(create_table_artifact, key=f"{release_key(spec)}-gx", table=gx_rows(result["gx"]["rows"]),
          description=f"Great Expectations results ({result['gx']['scope']})")
     return _gate(result)
+
+
+AUDIT_STREAM = (0xA0D17,)   # the audit's stream key under a fixed seed: no perturbation stream has a 1-element key
+
+
+def audit_rng(seed: int, fixed: bool) -> np.random.Generator:
+    """The ε audit's own randomness: fresh OS entropy, never recorded (its draws are published); under a seed
+    fixed by the caller or the spec (tests, reproductions), a stream of that seed apart from every other, so
+    that a fixed-seed release is reproducible byte for byte."""
+    if not fixed:
+        return np.random.default_rng()
+    return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=AUDIT_STREAM))
 
 
 def _gate(result: dict) -> dict:

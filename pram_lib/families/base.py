@@ -130,6 +130,14 @@ class Family(ABC):
         """(statistical tests, which Holm's procedure corrects; exact checks over every row)."""
 
     @abstractmethod
+    def audit_draws(self, v, assignments: list, samples: int, rng,
+                    given: bool = False) -> list[tuple[int, int | None, Any, tuple]]:
+        """The empirical ε audit's draws (pram_lib.core.ldp_audit.AuditDraw) from the production sampler, one per
+        ε-LDP channel: (index in `assignments`, cluster index or None, draw, the published labels of its true,
+        other and output values). Uses only the public channel and `rng`; `given`: the release feeds its
+        samplers given uniforms (a longitudinal release's keyed ones), so the audit does too."""
+
+    @abstractmethod
     def channel_entries(self, spec, v, assignments: list) -> list[dict]:
         """The variable's entries of channels.json (public facts only)."""
 

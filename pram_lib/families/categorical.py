@@ -21,7 +21,9 @@ from pydantic import Field, model_validator
 from pram_lib.channels.pram import mutual_information
 from pram_lib.channels.rr import h_gamma
 from pram_lib.core.channel import Channel, encode
+from pram_lib.core import ldp_audit
 from pram_lib.core.counting import codes_of, combination_counts
+from pram_lib.core.jsonable import to_json
 from pram_lib.core.epsilon import gamma_of
 from pram_lib.core.estimate import is_identifiable
 from pram_lib.core.operators import share_variance, split_coefficients, variance_coefficients
@@ -654,6 +656,22 @@ class Categorical(Family):
                      f"{u['tvd_source_vs_released_raw']:.4f} | {u['mutual_information_true_p']:.4g} | "
                      f"{100 * u['interval_coverage']:.0f}% |")
         return L + [""], util
+
+    def audit_draws(self, v, assignments, samples, rng, given=False):
+        """Each stratum's channel through `perturb_codes`, as perturb_chunk calls it: with the generator (one
+        stratum), or with given uniforms (strata, or `given`: the kernel that reads a Replay)."""
+        out = []
+        for j, a in enumerate(assignments):
+            ch = a.channel
+            if not isinstance(a.guarantee, LDP) or not math.isfinite(ch.epsilon) or ch.n_inputs < 2:
+                continue   # public, or no finite ε claimed: nothing an audit could refute
+            pair = ldp_audit.worst_pair(keep=ch.keep) if ch.is_keep_uniform else ldp_audit.worst_pair(matrix=ch.dense)
+            labels = (to_json(ch.categories[pair.true]), to_json(ch.categories[pair.other]),
+                      to_json(ch.output_categories[pair.output]))
+            sample = ch.perturb_codes if len(assignments) == 1 and not given else \
+                (lambda codes, r, ch=ch: ch.perturb_codes(codes, Replay(r.random(codes.size))))
+            out.append((j, None, ldp_audit.draw(sample, pair, ch.epsilon, samples, rng), labels))
+        return out
 
     def channel_entries(self, spec, v, assignments):
         out = []

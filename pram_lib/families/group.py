@@ -21,7 +21,9 @@ from pydantic import Field, model_validator
 
 from pram_lib.channels import multi_rr as mr
 from pram_lib.channels.rr import h_gamma
+from pram_lib.core import ldp_audit
 from pram_lib.core.channel import encode
+from pram_lib.core.jsonable import to_json
 from pram_lib.core.operators import DEFAULT_MAX_CONDITION, keep_condition
 from pram_lib.core.guarantee import LDP
 from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
@@ -552,6 +554,37 @@ class Group(Family):
             L.append(f"| `{u['group']}` | {u['table']} | {u['tvd_projected']:.4f} | {adj} | "
                      f"{100 * u['coverage']:.0f}% |")
         return L + [""], grp
+
+    def audit_draws(self, v, assignments, samples, rng, given=False):
+        """Every cluster at once, through the group's sampler (mr.perturb_group), in blocks: half the records
+        hold cell 0 of every cluster, half cell 1; cluster c's released cell is its audit (clusters are
+        randomized independently). K-ary RR: every pair of cells and output = the first has the same ratio.
+        `given`: each cluster reads given uniforms, as a longitudinal release's clusters do."""
+        (a,) = assignments
+        ch = a.channel
+        if not isinstance(a.guarantee, LDP):
+            return []
+        live = [c for c, k in enumerate(ch.cluster_sizes) if k >= 2]
+        counts = np.zeros((len(live), 2), dtype=np.int64)
+        for n in ldp_audit.blocks(samples):
+            codes = np.zeros((2 * n, len(ch.sizes)), dtype=np.int64)
+            for c in live:
+                cols = list(ch.clusters[c])
+                codes[n:, cols] = np.array(np.unravel_index(1, [ch.sizes[j] for j in cols]))
+            released = mr.perturb_group(ch, codes, [Replay(rng.random(2 * n)) for _ in ch.clusters] if given
+                                        else rng)
+            for row, c in enumerate(live):
+                hit = mr.cell_codes(released, ch.clusters[c], ch.sizes) == 0
+                counts[row] += (np.count_nonzero(hit[:n]), np.count_nonzero(hit[n:]))
+        out = []
+        for (count_true, count_other), c in zip(counts.tolist(), live):
+            pair = ldp_audit.WorstPair(0, 1, 0, ch.keep[c] / ch.move[c])
+            cells = [[to_json(ch.categories[j][i]) for j, i in
+                      zip(ch.clusters[c], np.unravel_index(cell, [ch.sizes[j] for j in ch.clusters[c]]))]
+                     for cell in (0, 1)]
+            out.append((0, c, ldp_audit.AuditDraw(pair, ch.cluster_epsilons[c], samples, count_true, count_other),
+                        (*cells, cells[0])))
+        return out
 
     def channel_entries(self, spec, v, assignments):
         (a,) = assignments

@@ -655,6 +655,9 @@ class Noise(Family):
         res.update(variable=a.column, stratum=a.stratum_label, scope="row sample")
         return [res], checks + released_level_checks(v, a, stats)
 
+    def audit_draws(self, v, assignments, samples, rng, given=False):
+        return []   # additive noise is not differential privacy: no ε to audit
+
     def channel_entries(self, spec, v, assignments):
         return [noise_entry(spec, a) for a in assignments]
 

@@ -91,14 +91,21 @@ def channels_schema() -> bytes:
     return (files("pram_lib") / "schemas" / CHANNELS_SCHEMA).read_bytes()
 
 
-def channels_document(spec: ReleaseSpec, assignments: list[Assignment]) -> dict:
+def channels_document(spec: ReleaseSpec, assignments: list[Assignment], audit: list[dict] | None = None) -> dict:
+    """channels.json; `audit`: the gate's ε audit (stream.audit_channels), placed in the entry it audited (a
+    group's in its cluster)."""
     spent = spent_by_variable(assignments)
     entries = []
     for v in spec.variables:
         alist = [a for a in assignments if a.column == v.key]
-        for a, entry in zip(alist, family_of(v).channel_entries(spec, v, alist)):
+        mine = family_of(v).channel_entries(spec, v, alist)
+        for a, entry in zip(alist, mine):
             entry["guarantee"] = a.guarantee.to_dict()   # what this variable's release guarantees, read alone
             entries.append(entry)
+        for r in audit or []:
+            if r["variable"] == v.key:
+                where = mine[r["index"]] if r["cluster"] is None else mine[r["index"]]["clusters"][r["cluster"]]
+                where["audit"] = r["audit"]
     return {
         "release": spec.release,
         "convention": "matrix[x][z] = P(released = z | true = x); keep-uniform: keep x w.p. keep[x], "
@@ -134,7 +141,8 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
     """Everything but the data and the plots (`plots`: their files, drawn by draw_plots): channels.json and its
     schema, estimates, tables, validation summary, report.md. Returns (report text, overall estimates)."""
     curves, summary, tables = distributions
-    doc = to_json(channels_document(spec, assignments))   # an infinite γ as "inf", never JSON's invalid Infinity
+    # an infinite γ as "inf", never JSON's invalid Infinity
+    doc = to_json(channels_document(spec, assignments, validation.get("audit")))
     try:
         decode_document(doc)   # read back by the readers' decoder (pram_lib.core.codec): never publish what they refuse
     except EntryError as e:
@@ -336,6 +344,7 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           "|---|---|---|---|---|---|---|---|---|---|"]
     for v, family, alist in entries:
         L += family.privacy_rows(spec, v, alist)
+    L += audit_section(validation.get("audit"))
     L += ["", f"Budget: ε = **{total:.4g}** spent of {spec.budget:g} per record "
           f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
           "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
@@ -382,6 +391,32 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
              "statistics stay in the private store because they use source counts).")
     L += ["", "## Using this release", "", *data_files_section(spec)]
     return "\n".join(L)
+
+
+def audit_section(audit: list[dict] | None) -> list[str]:
+    """The empirical ε audit beside every claimed ε (pram_lib.core.ldp_audit; the gate refused a bound above
+    its claim)."""
+    if not audit:
+        return []
+    first = audit[0]["audit"]
+    L = ["", f"**Empirical ε audit** (at {100 * first['confidence']:g}% for all {len(audit)} channels together; "
+         f"{first['samples']:,} draws per value through the sampler that perturbed the data, with fresh randomness): "
+         "a Clopper–Pearson lower confidence bound on each channel's ε at the pair of true values and the output "
+         "with the largest likelihood ratio. It can refute a claim (a bound above it refuses the release), never "
+         "prove one. Continuous variables (additive noise, not differential privacy) have no audit.", "",
+         "| variable | stratum / cluster | audit | pair → output |", "|---|---|---|---|"]
+    for r in audit:
+        a = r["audit"]
+        where = f"cluster {r['cluster'] + 1}" if r["cluster"] is not None else r["stratum"]
+        L.append(f"| `{r['variable']}` | {where} | empirical lower bound {a['epsilon_lower']:.2f} at "
+                 f"{100 * a['confidence']:g}%; claimed {a['epsilon_claimed']:.4g} | "
+                 f"{_label(a['true_value'])} vs {_label(a['other_value'])} → {_label(a['output'])} |")
+    return L
+
+
+def _label(value) -> str:
+    text = "(" + ", ".join(f"`{x}`" for x in value) + ")" if isinstance(value, list) else f"`{value}`"
+    return text.replace("|", "\\|")
 
 
 def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame) -> list[str]:

@@ -781,17 +781,22 @@ def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResul
 
 
 def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
-                    out_dir: Path | None, helpers: "sidecar.Helpers | None" = None) -> dict:
+                    out_dir: Path | None, helpers: "sidecar.Helpers | None" = None,
+                    audit_rng: np.random.Generator | None = None) -> dict:
     """The gate: GX on the uniform row sample (every row when small; in a helper process beside the rest, or
     here without `helpers`); exact checks (rows, missing values, ranges, source unchanged between the passes) and each
     family's tests on counts over every row, with Holm's step-down procedure over the tests
-    (``validation.level`` is the release's family-wise error rate)."""
+    (``validation.level`` is the release's family-wise error rate). With `audit_rng`, the empirical ε audit of
+    every channel (:func:`audit_channels`) is a check too, and its results are the verdict's "audit"."""
     from pram_lib.core.validate import gate_message, holm
 
     gx_job = start_gx(spec, profile, plan, totals, out_dir, helpers)
     declared = declared_columns(spec, profile, list(plan.assignments), blocked_rows(totals))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
     tests, checks = _gate_checks(spec, profile, plan, totals, declared)
+    audit = audit_channels(plan, spec.validation.audit.confidence, spec.validation.audit.samples, audit_rng) \
+        if audit_rng is not None else None
+    checks += audit_checks(audit or [])
     gx = sidecar.collect(gx_job, "the Great Expectations suite")
     gx["scope"] = (f"every one of the {totals.rows:,} released rows" if len(sample) == totals.rows else
                    f"uniform sample of {len(sample):,} of {totals.rows:,} released rows")
@@ -801,7 +806,53 @@ def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: Chu
     failed = [{"check": "great_expectations", "rows": [r for r in gx["rows"] if not r["success"]]}] \
         if not gx["success"] else []
     message = "" if passed else gate_message([*(s for s in stats if not s["passed"])] + failed)
-    return {"passed": passed, "gx": gx, "statistical": stats, "message": message}
+    return {"passed": passed, "gx": gx, "statistical": stats, "message": message,
+            **({"audit": audit} if audit is not None else {})}
+
+
+AUDIT_CHECK = "epsilon audit"
+
+
+def audit_channels(plan: Plan, confidence: float, samples: int, rng: np.random.Generator) -> list[dict]:
+    """The empirical ε audit (pram_lib.core.ldp_audit) of every ε-LDP channel of the release (each stratum, each
+    cluster of a group), drawn through the production sampler from `rng` alone: public, like the channels.
+    The release's `confidence` is split over the channels (Bonferroni), so a correct release is refused with
+    probability at most 1 − confidence. Each result: variable, index (of its assignment), cluster, stratum, and
+    the published audit (its "confidence" is the release's, "confidence_each" the channel's own)."""
+    from pram_lib.core.ldp_audit import per_channel_confidence
+
+    given = plan.memo is not None   # a longitudinal release feeds its samplers keyed uniforms
+    draws = [(v, alist, j, c, d, labels) for v, family, alist in _by_variable(plan)
+             for j, c, d, labels in family.audit_draws(v, alist, samples, rng, given)]
+    each = per_channel_confidence(confidence, len(draws)) if draws else confidence
+    out = []
+    for v, alist, j, c, d, labels in draws:
+        published = d.bound(each).to_dict(labels)
+        published.update(confidence=confidence, confidence_each=each, method=AUDIT_METHOD)
+        out.append({"variable": v.key, "index": j, "cluster": c, "stratum": alist[j].stratum_label,
+                    "audit": published})
+    return out
+
+
+AUDIT_METHOD = ("LDP-Auditor (Arcolezi & Gambs 2023): the pair of true values and the output with the largest "
+                "likelihood ratio, drawn through the production sampler with fresh randomness; Clopper-Pearson "
+                "bounds, Bonferroni over the two bounds and over the release's channels")
+
+
+def audit_checks(audit: list[dict]) -> list[dict]:
+    """The gate's checks from the audit: a lower bound above the claimed ε fails (a public message)."""
+    checks = []
+    for r in audit:
+        a = r["audit"]
+        where = r["variable"] + (f" cluster {r['cluster'] + 1}" if r["cluster"] is not None else
+                                 f" [{r['stratum']}]" if r["stratum"] != "all" else "")
+        verdict = "at most" if a["passed"] else "ABOVE"
+        checks.append({"check": AUDIT_CHECK, "variable": r["variable"], "stratum": r["stratum"],
+                       "passed": a["passed"], "method": "Clopper-Pearson lower bound on epsilon",
+                       "message": f"{where}: empirical epsilon lower bound {a['epsilon_lower']:.4g} at "
+                                  f"{100 * a['confidence']:g}% is {verdict} the claimed {a['epsilon_claimed']:.4g}"
+                                  + ("" if a["passed"] else ": the sampler is weaker than its published channel")})
+    return checks
 
 
 def _gate_checks(spec, profile, plan, totals, declared) -> tuple[list[dict], list[dict]]:

@@ -233,3 +233,40 @@ def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path,
     assert not out.exists() or not any(out.iterdir())
     entries = [json.loads(x) for x in (tmp_path / "private" / "audit.jsonl").read_text().splitlines()]
     assert entries[-1]["event"] == "release-failed" and "ValidationGateFailed" in entries[-1]["error"]
+
+
+def test_the_demo_release_shows_the_epsilon_audit_beside_every_epsilon(demo_release):
+    """Every ε-LDP channel of the demo (5 variables, occupation's 2 strata, the household's 2 clusters) carries its
+    audit in channels.json, at most its claim, and the report states each bound beside its claim."""
+    folder = demo_release["folder"]
+    doc = json.loads((folder / "channels.json").read_text())
+    audits = [e["audit"] for e in doc["channels"] if "audit" in e]
+    audits += [cl["audit"] for e in doc["channels"] for cl in e.get("clusters", [])]
+    assert len(audits) == 8
+    assert all(a["passed"] and a["epsilon_lower"] <= a["epsilon_claimed"] and a["confidence"] == 0.999
+               for a in audits)
+    report = (folder / "report.md").read_text()
+    for a in audits:
+        assert f"empirical lower bound {a['epsilon_lower']:.2f} at 99.9%; claimed {a['epsilon_claimed']:.4g}" in report
+
+
+def test_a_sampler_weaker_than_its_channel_is_refused_by_the_epsilon_audit(prefect_server, tmp_path, monkeypatch):
+    """income's published channel is [[0.8, 0.2], [0.2, 0.8]] (ε = ln 4); its data are perturbed at ε = 2 ln 4:
+    the gate's ε audit refuses the release, naming the variable, and nothing is published."""
+    from flows.release import ValidationGateFailed, run_release
+
+    real = Channel.perturb_codes
+    weaker = Channel(variables=("income",), categories=("<=50K", ">50K"), method="weak",
+                     dense=np.array([[16.0, 1.0], [1.0, 16.0]]) / 17)
+
+    def perturb_codes(self, codes, rng):
+        return real(weaker if self.variables == ("income",) else self, codes, rng)
+
+    monkeypatch.setattr(Channel, "perturb_codes", perturb_codes)
+    spec = demo_spec(tmp_path)
+    with pytest.raises(ValidationGateFailed, match="epsilon audit on 'income'"):
+        run_release(str(spec), seed=DEMO_SEED)
+    out = tmp_path / "releases"
+    assert not out.exists() or not any(out.iterdir())
+    entries = [json.loads(x) for x in (tmp_path / "private" / "audit.jsonl").read_text().splitlines()]
+    assert entries[-1]["event"] == "release-failed" and "ValidationGateFailed" in entries[-1]["error"]

@@ -256,7 +256,7 @@ def test_publishing_refuses_a_channels_json_its_readers_would_refuse(tmp_path, m
 
     bad = _keep()
     bad["keep"][0] = 1.7
-    monkeypatch.setattr(publish, "channels_document", lambda spec, assignments: {"channels": [bad]})
+    monkeypatch.setattr(publish, "channels_document", lambda spec, assignments, audit=None: {"channels": [bad]})
     with pytest.raises(RuntimeError, match=r"channels.json would not read back \(channels\[0\]\.keep\[0\], "
                                            r"variable 'a': the keep of category 'p' is 1\.7"):
         publish.write_release_files(SimpleNamespace(tmp=tmp_path), None, [], None, (None, None, None), {}, 0, [],

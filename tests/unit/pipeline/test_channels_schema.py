@@ -212,13 +212,52 @@ def mutation(name):
             noise["scale"] = "log"
         elif name == "noise called differentially private":
             noise["differential_privacy"] = True
+        elif name == "audit without its bound":
+            del ku["audit"]["epsilon_lower"]
+        elif name == "cluster audit with a negative count":
+            group["clusters"][0]["audit"]["count_true"] = -1
+        elif name == "audit with an undocumented field":
+            dense["audit"]["seed"] = 1
         return doc
     return apply
 
 
 NEGATIVE = ["keep-uniform without keep", "dense matrix not a list of lists", "dense matrix as text", "unknown family",
             "undocumented field", "keep above 1", "unknown guarantee", "epsilon spelled Infinity",
-            "cluster without keep", "unknown noise scale", "noise called differentially private"]
+            "cluster without keep", "unknown noise scale", "noise called differentially private",
+            "audit without its bound", "cluster audit with a negative count", "audit with an undocumented field"]
+
+
+def test_every_channel_with_a_finite_epsilon_carries_its_audit(broad):
+    """The ε audit sits in every ε-LDP categorical entry and every cluster of a group, none elsewhere; each
+    bound is ln(lower/upper) of its own Clopper–Pearson bounds and at most the claim, the claim is the entry's
+    (the cluster's) ε, and the pair's labels are the entry's categories."""
+    audited = 0
+    for e in broad["doc"]["channels"]:
+        kind = e["guarantee"]["kind"]
+        if e["family"] == "multi-rr":
+            for cl in e["clusters"]:
+                a = cl["audit"]
+                assert a["epsilon_claimed"] == pytest.approx(cl["epsilon"])
+                assert len(a["true_value"]) == len(cl["attributes"]) and a["true_value"] != a["other_value"]
+                audited += 1
+            continue
+        if kind != "ldp" or e["epsilon"] == "inf":
+            assert "audit" not in e, e.get("variables")
+            continue
+        a = e["audit"]
+        assert a["epsilon_claimed"] == pytest.approx(e["epsilon"])
+        assert a["true_value"] in e["categories"] and a["other_value"] in e["categories"]
+        assert a["output"] in e.get("output_categories", e["categories"])
+        audited += 1
+    for e in broad["doc"]["channels"]:
+        for a in [e.get("audit")] + [cl.get("audit") for cl in e.get("clusters", [])]:
+            if a is not None:
+                assert a["passed"] and a["epsilon_lower"] <= a["epsilon_claimed"]
+                assert a["epsilon_lower"] == pytest.approx(max(0.0, math.log(a["p_true_lower"] / a["p_other_upper"])))
+                assert a["confidence_each"] == pytest.approx(1 - (1 - a["confidence"]) / audited)
+    # colour, size (2 strata), grade, shape, pet, huge; household's 2+ clusters, pair's 1
+    assert audited >= 9
 
 
 @pytest.mark.parametrize("name", NEGATIVE)
