@@ -18,7 +18,7 @@ from pram_lib.core.codec import EntryError, decode_document
 from pram_lib.core.guarantee import NotDP
 from pram_lib.core.jsonable import to_json
 from pram_lib.core.quantile import z_value
-from pram_lib.families import REGISTRY, family_of
+from pram_lib.families import REGISTRY, entry_of, family_of
 from pram_lib.families.base import pct
 from pram_lib.ops.audit import build_manifest
 from pram_lib.pipeline.figures import PLOT_DPI, fit_layout, gc_paused, hashed_stem, new_figure, plot_label
@@ -91,6 +91,21 @@ def channels_schema() -> bytes:
     return (files("pram_lib") / "schemas" / CHANNELS_SCHEMA).read_bytes()
 
 
+PROOFS_DIR = "proofs"   # the proof notes of the channel entries a release used (pram_lib/families/<entry>.md)
+
+
+def proof_note_path(v) -> str:
+    """Where the release folder holds the proof note of a spec variable's channel entry."""
+    return f"{PROOFS_DIR}/{entry_of(v).proof_note.name}"
+
+
+def write_proof_notes(stage: "Stage", spec: ReleaseSpec) -> None:
+    """Copy the proof note of every channel entry the spec uses into the release folder's proofs/."""
+    (stage.tmp / PROOFS_DIR).mkdir(exist_ok=True)
+    for v in spec.variables:
+        shutil.copyfile(entry_of(v).proof_note, stage.tmp / proof_note_path(v))
+
+
 def channels_document(spec: ReleaseSpec, assignments: list[Assignment], audit: list[dict] | None = None) -> dict:
     """channels.json; `audit`: the gate's ε audit (stream.audit_channels), placed in the entry it audited (a
     group's in its cluster)."""
@@ -101,6 +116,7 @@ def channels_document(spec: ReleaseSpec, assignments: list[Assignment], audit: l
         mine = family_of(v).channel_entries(spec, v, alist)
         for a, entry in zip(alist, mine):
             entry["guarantee"] = a.guarantee.to_dict()   # what this variable's release guarantees, read alone
+            entry["channel"], entry["proof_note"] = v.channel, proof_note_path(v)
             entries.append(entry)
         for r in audit or []:
             if r["variable"] == v.key:
@@ -150,6 +166,7 @@ def write_release_files(stage: Stage, spec: ReleaseSpec, assignments: list[Assig
                            "pram-release: nothing was published") from None
     (stage.tmp / "channels.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     (stage.tmp / CHANNELS_SCHEMA).write_bytes(channels_schema())
+    write_proof_notes(stage, spec)
     estimates.to_csv(stage.tmp / "estimates.csv", index=False)
     overall = estimates[estimates["stratum"] == "all"] if not estimates.empty else estimates
     if not curves.empty:

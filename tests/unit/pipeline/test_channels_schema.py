@@ -411,3 +411,22 @@ def test_the_release_folder_ships_the_schema_sealed_in_its_manifest(broad):
     ok, message = verify_release(folder)[-1]
     shipped.write_bytes(SCHEMA.read_bytes())
     assert not ok and "channels.schema.json" in message
+
+
+def test_every_channel_names_its_entry_and_the_proof_note_the_folder_ships(broad):
+    """Issue 30 item 5: each channel says which entry built it and where its proof note is; the folder holds that
+    note (the package's text, sealed in the manifest) and nothing else in proofs/."""
+    from pram_lib.families import BY_NAME
+
+    folder = broad["release"].folder
+    doc = json.loads((folder / "channels.json").read_text())
+    named = set()
+    for e in doc["channels"]:
+        note = BY_NAME[e["channel"]].proof_note
+        assert e["proof_note"] == f"proofs/{note.name}"
+        assert (folder / e["proof_note"]).read_bytes() == note.read_bytes()
+        named.add(e["proof_note"])
+    assert {f"proofs/{p.name}" for p in (folder / "proofs").iterdir()} == named
+    manifest = json.loads((folder / "manifest.json").read_text())["files"]
+    assert named <= set(manifest)
+    assert all(ok for ok, _ in verify_release(folder))
