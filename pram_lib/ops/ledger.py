@@ -6,16 +6,20 @@ refused when it would take the population over its cap. A published release *set
 reservation at the ε it really spent; a release that publishes nothing *cancels* it. A reservation
 of a run that was killed stays counted (fail-safe) until the run is recovered (see journal.py).
 Only differential-privacy ε is recorded: noise channels and public variables spend none.
+
+ε is kept as whole pico-ε (integers of 10^-12 ε), so a cap is decided exactly: a spend's ε is taken at its
+shortest decimal form (Python's float repr, so a spec's 0.1 is exactly 10^11 units) and rounded up to the
+unit when it has more decimals (an ε computed from a log), a cap rounded down; the ledger never undercounts.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
 import stat
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Iterator
 
@@ -25,19 +29,31 @@ from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, r
 
 LEDGER_FILE = "ledger.sqlite"
 COUNTED = ("reserved", "spent")   # statuses that count against the cap
-ROUNDING = 1e-12   # the only excess over the cap admitted: floating-point rounding of the ε's (as pram_lib.spec)
+UNITS_PER_EPSILON = 10 ** 12   # the ledger's unit: one pico-ε
+
+
+def epsilon_units(epsilon: float, rounding: str = ROUND_CEILING) -> int:
+    """`epsilon` in whole pico-ε: exact for a decimal of at most 12 places (0.1 -> 10^11), else rounded up
+    (`rounding=ROUND_FLOOR` for a cap). decimal.Decimal of the float's repr: the shortest decimal that reads
+    back as the same float, i.e. what a spec wrote."""
+    return int((Decimal(repr(float(epsilon))) * UNITS_PER_EPSILON).to_integral_value(rounding=rounding))
+
+
+def units_epsilon(units: int) -> float:
+    return units / UNITS_PER_EPSILON
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS populations (
     key TEXT PRIMARY KEY,
-    cap REAL NOT NULL CHECK (cap > 0),
+    cap_units INTEGER NOT NULL CHECK (cap_units > 0),
     created TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS spends (
     run_id TEXT PRIMARY KEY,
     population TEXT NOT NULL REFERENCES populations(key),
     release TEXT NOT NULL,
-    epsilon REAL NOT NULL CHECK (epsilon >= 0),
+    epsilon_units INTEGER NOT NULL CHECK (epsilon_units >= 0),
     status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled')),
     reserved_at TEXT NOT NULL,
     settled_at TEXT,
@@ -47,9 +63,14 @@ CREATE INDEX IF NOT EXISTS spends_population ON spends(population);
 """
 
 
-LEDGER_TABLES = {"populations": ("key", "cap", "created"),
-                 "spends": ("run_id", "population", "release", "epsilon", "status", "reserved_at", "settled_at",
-                            "folder")}
+LEDGER_TABLES = {"populations": ("key", "cap_units", "created"),
+                 "spends": ("run_id", "population", "release", "epsilon_units", "status", "reserved_at",
+                            "settled_at", "folder")}
+# Ledgers written before ε was kept in units (REAL ε and cap): opened, and migrated in the first transaction.
+FLOAT_LEDGER_TABLES = {"populations": ("key", "cap", "created"),
+                       "spends": ("run_id", "population", "release", "epsilon", "status", "reserved_at",
+                                  "settled_at", "folder")}
+LEDGER_LAYOUTS = (LEDGER_TABLES, FLOAT_LEDGER_TABLES)
 REGISTRY_TABLES = {"populations": ("key", "ledger", "registered")}
 SQLITE_MAGIC = b"SQLite format 3\x00"   # the first 16 bytes of every SQLite database file
 
@@ -62,10 +83,11 @@ class StoreFileError(ValueError):
         super().__init__(f"{path}: not {role}: {found}; nothing was written to it")
 
 
-def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]]) -> None:
+def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]] | tuple[dict, ...]) -> None:
     """Before anything writes to `path`: it is absent, empty, or a SQLite database whose tables are `tables`
-    (a subset, each with exactly its columns), so that a ledger never opens an audit log, a registry or
-    another program's database. Raises StoreFileError."""
+    (a subset, each with exactly its columns; or those of one of several layouts), so that a ledger never
+    opens an audit log, a registry or another program's database. Raises StoreFileError."""
+    layouts = (tables,) if isinstance(tables, dict) else tables
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -88,7 +110,8 @@ def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]]) -> Non
             found = {n: tuple(r[1] for r in con.execute(f"PRAGMA table_info({n!r})")) for n in names}
     except (OSError, sqlite3.Error) as exc:
         raise StoreFileError(path, role, f"it cannot be read as a SQLite database ({exc})") from None
-    odd = sorted(n for n, cols in found.items() if tables.get(n) != cols)
+    odds = [sorted(n for n, cols in found.items() if layout.get(n) != cols) for layout in layouts]
+    odd = min(odds, key=len)
     if odd:
         raise StoreFileError(path, role, f"its table {odd[0]!r} (columns {', '.join(found[odd[0]])}) is not one "
                              f"of {role}'s")
@@ -99,11 +122,15 @@ class Spend:
     run_id: str
     population: str
     release: str
-    epsilon: float
+    units: int       # ε in pico-ε (UNITS_PER_EPSILON)
     status: str
     reserved_at: str
     settled_at: str | None
     folder: str | None
+
+    @property
+    def epsilon(self) -> float:
+        return units_epsilon(self.units)
 
     def line(self) -> str:
         what = self.folder or self.run_id[:12]
@@ -122,13 +149,14 @@ class Ledger:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        check_role(self.path, "a population ledger", LEDGER_TABLES)
+        check_role(self.path, "a population ledger", LEDGER_LAYOUTS)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # private: created 0600
         with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
             con.execute("PRAGMA busy_timeout = 120000")
             con.execute("BEGIN IMMEDIATE")
             try:
+                _migrate_float_ledger(con)
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     con.execute(stmt)
                 yield con
@@ -143,47 +171,52 @@ class Ledger:
         with self._tx() as con:
             return _history(con, population)
 
+    def spent_units(self, population: str) -> int:
+        return sum(s.units for s in self.history(population) if s.status in COUNTED)
+
     def spent(self, population: str) -> float:
-        return math.fsum(s.epsilon for s in self.history(population) if s.status in COUNTED)
+        return units_epsilon(self.spent_units(population))
 
     def fits(self, population: str, cap: float, epsilon: float) -> bool:
         """Whether `reserve` would accept `epsilon` now (its rule: `passes_cap`)."""
-        return not passes_cap([s.epsilon for s in self.history(population) if s.status in COUNTED], epsilon, cap)
+        return not passes_cap([s.units for s in self.history(population) if s.status in COUNTED], epsilon, cap)
 
     def cap(self, population: str) -> float | None:
         if not self.path.exists():
             return None
         with self._tx() as con:
-            row = con.execute("SELECT cap FROM populations WHERE key = ?", (population,)).fetchone()
-        return None if row is None else float(row[0])
+            row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
+        return None if row is None else units_epsilon(row[0])
 
     def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float) -> list[Spend]:
         """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed."""
+        cap_units = epsilon_units(cap, ROUND_FLOOR)
         with self._tx() as con:
-            row = con.execute("SELECT cap FROM populations WHERE key = ?", (population,)).fetchone()
+            row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
             if row is None:
-                con.execute("INSERT INTO populations VALUES (?, ?, ?)", (population, float(cap), utc_now()))
-            elif abs(float(row[0]) - cap) > 1e-12:
-                raise CapMismatch(population, float(row[0]), cap)
+                con.execute("INSERT INTO populations VALUES (?, ?, ?)", (population, cap_units, utc_now()))
+            elif row[0] != cap_units:
+                raise CapMismatch(population, units_epsilon(row[0]), cap)
             hist = _history(con, population)
-            counted = [s.epsilon for s in hist if s.status in COUNTED]
+            counted = [s.units for s in hist if s.status in COUNTED]
             if passes_cap(counted, epsilon, cap):
-                raise OverCap(population, cap, math.fsum(counted), epsilon, hist)
+                raise OverCap(population, cap, units_epsilon(sum(counted)), epsilon, hist)
             con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL)",
-                        (run_id, population, release, float(epsilon), utc_now()))
+                        (run_id, population, release, epsilon_units(epsilon), utc_now()))
             return _history(con, population)
 
     def settle(self, run_id: str, epsilon: float | None, folder: str) -> None:
         """The run published `folder` spending `epsilon` (never more than it reserved; None: what it reserved)."""
         with self._tx() as con:
-            row = con.execute("SELECT epsilon, status FROM spends WHERE run_id = ?", (run_id,)).fetchone()
+            row = con.execute("SELECT epsilon_units, status FROM spends WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 return
-            epsilon = row[0] if epsilon is None else epsilon
-            if epsilon > row[0] + ROUNDING:
-                raise RuntimeError(f"run {run_id} spent ε = {epsilon:.6g}, more than the {row[0]:.6g} it reserved")
-            con.execute("UPDATE spends SET epsilon = ?, status = 'spent', settled_at = ?, folder = ? "
-                        "WHERE run_id = ?", (float(epsilon), utc_now(), folder, run_id))
+            units = row[0] if epsilon is None else epsilon_units(epsilon)
+            if units > row[0]:
+                raise RuntimeError(f"run {run_id} spent ε = {units_epsilon(units):.13g}, more than the "
+                                   f"{units_epsilon(row[0]):.13g} it reserved")
+            con.execute("UPDATE spends SET epsilon_units = ?, status = 'spent', settled_at = ?, folder = ? "
+                        "WHERE run_id = ?", (units, utc_now(), folder, run_id))
 
     def cancel(self, run_id: str) -> None:
         """The run published nothing: its reservation no longer counts."""
@@ -194,16 +227,36 @@ class Ledger:
                         "status = 'reserved'", (utc_now(), run_id))
 
 
-def passes_cap(counted: list[float], epsilon: float, cap: float) -> bool:
-    """Whether spends `counted` and `epsilon` together pass `cap`: their correctly rounded sum (math.fsum) is over
-    it by more than ROUNDING."""
-    return math.fsum([*counted, epsilon]) > cap + ROUNDING
+def passes_cap(counted_units: list[int], epsilon: float, cap: float) -> bool:
+    """Whether spends `counted_units` (pico-ε) and `epsilon` together pass `cap`, in exact integer arithmetic."""
+    return sum(counted_units) + epsilon_units(epsilon) > epsilon_units(cap, ROUND_FLOOR)
 
 
 def _history(con: sqlite3.Connection, population: str) -> list[Spend]:
-    rows = con.execute("SELECT run_id, population, release, epsilon, status, reserved_at, settled_at, folder "
+    rows = con.execute("SELECT run_id, population, release, epsilon_units, status, reserved_at, settled_at, folder "
                        "FROM spends WHERE population = ? ORDER BY reserved_at, run_id", (population,)).fetchall()
     return [Spend(*r) for r in rows]
+
+
+def _columns(con: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(r[1] for r in con.execute(f"PRAGMA table_info({table!r})"))
+
+
+def _migrate_float_ledger(con: sqlite3.Connection) -> None:
+    """A ledger of the float layout (FLOAT_LEDGER_TABLES) becomes the units layout, in the caller's transaction:
+    every ε rounded up to the unit, the cap rounded down (epsilon_units), so the migration never frees budget."""
+    if _columns(con, "spends") == FLOAT_LEDGER_TABLES["spends"]:
+        rows = con.execute("SELECT * FROM spends").fetchall()
+        con.execute("DROP TABLE spends")
+        con.execute(_SCHEMA.split(";")[1])
+        con.executemany("INSERT INTO spends VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(*r[:3], epsilon_units(r[3]), *r[4:]) for r in rows])
+    if _columns(con, "populations") == FLOAT_LEDGER_TABLES["populations"]:
+        rows = con.execute("SELECT * FROM populations").fetchall()
+        con.execute("DROP TABLE populations")
+        con.execute(_SCHEMA.split(";")[0])
+        con.executemany("INSERT INTO populations VALUES (?, ?, ?)",
+                        [(k, epsilon_units(c, ROUND_FLOOR), t) for k, c, t in rows])
 
 
 class OverCap(Exception):
@@ -289,7 +342,7 @@ def _registered(spec: ReleaseSpec, register: bool) -> Path:
                        "~/.pram-release), holding no other file named " + REGISTRY_FILE) from None
     if theirs is not None and theirs != mine:
         try:
-            check_role(theirs, "a population ledger", LEDGER_TABLES)
+            check_role(theirs, "a population ledger", LEDGER_LAYOUTS)
             state = "" if theirs.is_file() else " (that file does not exist now)"
         except StoreFileError as exc:
             state = f" (that file is not a ledger: {exc.found})"
@@ -307,7 +360,7 @@ def _checked(spec: ReleaseSpec, path: Path) -> Ledger:
     """The ledger at `path`, once it is known to be a ledger (absent, empty, or a SQLite file of the ledger's
     tables); else LedgerRefused at the spec field that names it."""
     try:
-        check_role(path, "a population ledger", LEDGER_TABLES)
+        check_role(path, "a population ledger", LEDGER_LAYOUTS)
     except StoreFileError as exc:
         named = spec.population is not None and spec.population.ledger is not None
         raise _refusal(spec, ("population", "ledger") if named else ("private_store",), str(exc), str(path),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import sqlite3
+from contextlib import closing
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 
 import synth
-from pram_lib.ops.ledger import Ledger, LedgerRefused, OverCap, reserve_for, settle_for
+from pram_lib.ops.ledger import LEDGER_TABLES, Ledger, LedgerRefused, OverCap, reserve_for, settle_for
 from pram_lib.spec import SpecError, ledger_bound, load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,17 +45,19 @@ def test_reserve_settle_cancel_arithmetic(tmp_path):
     assert (led.path.stat().st_mode & 0o777) == 0o600
 
 
-@pytest.mark.parametrize("over", [1e-10, 1e-7, 1e-3, 0.01, 0.5])
+@pytest.mark.parametrize("over", [1e-12, 1e-10, 1e-7, 1e-3, 0.01, 0.5])
 def test_the_cap_admits_no_excess(tmp_path, over):
-    """Spends that reach the cap exactly are accepted (0.1 + 0.2 + 0.3 + 0.4 = 1 up to floating-point rounding,
-    and log 3 + 1 three times against 3 (log 3 + 1)); a release that would pass the cap by any positive amount
-    beyond rounding (1e-12) is refused, and refusing writes nothing; a run cannot settle more than it reserved."""
+    """Spends that reach the cap exactly are accepted (0.1 + 0.2 + 0.3 + 0.4 = 1 in decimal; log 3 + 1, rounded
+    up to the pico-ε, three times against a cap of three times that); a release that would pass the cap by any
+    positive amount, one pico-ε included, is refused, and refusing writes nothing; a run cannot settle more than
+    it reserved."""
     exact = Ledger(tmp_path / "exact.sqlite")
     for i, eps in enumerate([0.1, 0.2, 0.3, 0.4]):
         exact.reserve("p", 1.0, f"r{i}", "a", eps)
     assert len(exact.history("p")) == 4
+    eps_up = Fraction(math.ceil(Fraction(EPS) * 10 ** 12), 10 ** 12)   # log 3 + 1 rounded up to the unit
     for i in range(3):
-        exact.reserve("q", 3 * EPS, f"q{i}", "a", EPS)
+        exact.reserve("q", float(3 * eps_up), f"q{i}", "a", EPS)
     led = Ledger(tmp_path / "ledger.sqlite")
     for i, eps in enumerate([0.1, 0.2, 0.3]):
         led.reserve("p", 1.0, f"r{i}", "a", eps)
@@ -64,6 +69,62 @@ def test_the_cap_admits_no_excess(tmp_path, over):
     assert led.fits("p", 1.0, 0.4) and not led.fits("p", 1.0, 0.4 + over)      # what `check` prints
     with pytest.raises(RuntimeError, match="more than"):
         led.settle("r2", 0.3 + over, "a-2")                                   # spending past the reservation
+
+
+def test_exact_cap_decisions_at_the_boundary(tmp_path):
+    """Decimal ε sum exactly (float addition does not: ten 0.1 make 0.9999999999999999, 0.1 + 0.2 makes
+    0.30000000000000004); one pico-ε over the cap is refused; an ε with more than 12 decimals (a log) is charged
+    rounded up to the pico-ε, never down."""
+    assert sum([0.1] * 10) != 1.0 and 0.1 + 0.2 > 0.3          # what float addition would decide on
+    led = Ledger(tmp_path / "ledger.sqlite")
+    for i in range(10):
+        led.reserve("ten", 1.0, f"t{i}", "a", 0.1)
+    assert led.spent_units("ten") == 10 ** 12 and led.spent("ten") == 1.0
+    with pytest.raises(OverCap):
+        led.reserve("ten", 1.0, "t10", "a", 1e-12)            # one unit over
+    led.reserve("pair", 0.3, "p0", "a", 0.1)
+    led.reserve("pair", 0.3, "p1", "a", 0.2)                  # 0.1 + 0.2 = 0.3 exactly
+    assert led.spent_units("pair") == 3 * 10 ** 11
+    led.reserve("edge", 1.0, "e0", "a", 0.9)
+    with pytest.raises(OverCap):
+        led.reserve("edge", 1.0, "e1", "a", 0.100000000001)   # 0.9 + 0.1 + 10^-12
+    led.reserve("edge", 1.0, "e1", "a", 0.1)
+    led.reserve("log", 10.0, "l0", "a", math.log(3))
+    assert led.spent_units("log") == math.ceil(Fraction(math.log(3)) * 10 ** 12) == 1098612288669
+    assert [s.units for s in led.history("ten")] == [10 ** 11] * 10
+
+
+def test_a_ledger_of_float_epsilons_is_migrated(tmp_path):
+    """A ledger written before ε was kept in units (REAL columns `cap`, `epsilon`) opens; in its first transaction
+    every ε becomes pico-ε rounded up (a decimal exactly) and the cap is kept; nothing else changes."""
+    path = tmp_path / "ledger.sqlite"
+    with closing(sqlite3.connect(path)) as con:
+        con.executescript("""
+            CREATE TABLE populations (key TEXT PRIMARY KEY, cap REAL NOT NULL CHECK (cap > 0), created TEXT NOT NULL);
+            CREATE TABLE spends (run_id TEXT PRIMARY KEY, population TEXT NOT NULL REFERENCES populations(key),
+                release TEXT NOT NULL, epsilon REAL NOT NULL CHECK (epsilon >= 0),
+                status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled')),
+                reserved_at TEXT NOT NULL, settled_at TEXT, folder TEXT);
+            CREATE INDEX spends_population ON spends(population);""")
+        con.execute("INSERT INTO populations VALUES ('p', 1.5, '2026-01-01')")
+        rows = [("r1", 0.1, "spent", "a-1"), ("r2", math.log(3), "spent", "a-2"), ("r3", 0.25, "cancelled", None),
+                ("r4", 0.3, "reserved", None)]
+        con.executemany("INSERT INTO spends VALUES (?, 'p', 'a', ?, ?, ?, NULL, ?)",
+                        [(r, e, st, f"2026-01-0{i + 1}", f) for i, (r, e, st, f) in enumerate(rows)])
+        con.commit()
+    led = Ledger(path)
+    hist = led.history("p")
+    assert [(s.run_id, s.units, s.status, s.folder) for s in hist] == [
+        ("r1", 10 ** 11, "spent", "a-1"), ("r2", 1098612288669, "spent", "a-2"), ("r3", 25 * 10 ** 10, "cancelled", None),
+        ("r4", 3 * 10 ** 11, "reserved", None)]
+    assert led.cap("p") == 1.5 and led.spent_units("p") == 10 ** 11 + 1098612288669 + 3 * 10 ** 11
+    with closing(sqlite3.connect(path)) as con:
+        cols = {t: tuple(r[1] for r in con.execute(f"PRAGMA table_info({t})")) for t in ("populations", "spends")}
+    assert cols == LEDGER_TABLES
+    with pytest.raises(OverCap):   # 1.498612288669 + 0.001387711332 passes 1.5 by one unit
+        led.reserve("p", 1.5, "r5", "a", 0.001387711332)
+    led.reserve("p", 1.5, "r5", "a", 0.001387711331)
+    assert led.spent_units("p") == 15 * 10 ** 11
 
 
 def _reserve(args):
