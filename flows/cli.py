@@ -114,6 +114,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         used, need = ledger.spent(pop.key), ledger_bound(spec)
         print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
               f"this release reserves {need:.4g} ({'fits' if ledger.fits(pop.key, pop.cap, need) else 'REFUSED: over the cap'})")
+        refused = ledger.refusals(pop.key, spec.release)
+        if refused:
+            print(f"release {spec.release}: refused by the validation gate {refused} time(s) of at most "
+                  f"{spec.validation.max_refusals} (validation.max_refusals)"
+                  f"{'; REFUSED: a further run is refused before reading data' if refused >= spec.validation.max_refusals else ''}")
     print("nothing written.")
     return 0
 

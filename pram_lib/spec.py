@@ -157,6 +157,9 @@ VariableSpec = Annotated[Annotated[Union[tuple(Annotated[m, Tag(c)] for c, m in 
 class ValidationSpec(_Strict):
     level: float = Field(default=1e-3, gt=0, lt=0.5)   # family-wise error rate over all statistical checks (Holm)
     min_expected: float = Field(default=5.0, ge=0)     # records per category every stratum needs for the χ² check
+    max_refusals: int = Field(default=3, ge=1, description="refused attempts of a release (same name, same "
+                              "population) after which a run is refused before reading data: a correct channel "
+                              "is refused with probability at most `level`")
 
 
 DATA_FORMATS = ("parquet", "csv", "dta", "sav")   # files of the released table: Parquet (always), CSV, Stata, SPSS

@@ -5,7 +5,9 @@ up. Before a release reads any data it *reserves* an upper bound on its ε; the 
 refused when it would take the population over its cap. A published release *settles* the
 reservation at the ε it really spent; a release that publishes nothing *cancels* it. A reservation
 of a run that was killed stays counted (fail-safe) until the run is recovered (see journal.py).
-Only differential-privacy ε is recorded: noise channels and public variables spend none.
+Only differential-privacy ε is recorded: noise channels and public variables spend none. A run the
+validation gate refused is *refused*: it published the refusal bit, which costs ε = ln(1/(1 − β)) (β the
+gate's level; pram_lib.core.guarantee), and counts; after `validation.max_refusals` of them a release is refused.
 
 ε is kept as whole pico-ε (integers of 10^-12 ε), so a cap is decided exactly: a spend's ε is taken at its
 shortest decimal form (Python's float repr, so a spec's 0.1 is exactly 10^11 units) and rounded up to the
@@ -23,12 +25,13 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Iterator
 
+from pram_lib.core.guarantee import gate_refusal_epsilon
 from pram_lib.ops.audit import utc_now
 from pram_lib.ops.panel import PanelStore
 from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, release_home
 
 LEDGER_FILE = "ledger.sqlite"
-COUNTED = ("reserved", "spent")   # statuses that count against the cap
+COUNTED = ("reserved", "spent", "refused")   # statuses that count against the cap
 UNITS_PER_EPSILON = 10 ** 12   # the ledger's unit: one pico-ε
 
 
@@ -54,7 +57,7 @@ CREATE TABLE IF NOT EXISTS spends (
     population TEXT NOT NULL REFERENCES populations(key),
     release TEXT NOT NULL,
     epsilon_units INTEGER NOT NULL CHECK (epsilon_units >= 0),
-    status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled')),
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled', 'refused')),
     reserved_at TEXT NOT NULL,
     settled_at TEXT,
     folder TEXT
@@ -181,6 +184,10 @@ class Ledger:
         """Whether `reserve` would accept `epsilon` now (its rule: `passes_cap`)."""
         return not passes_cap([s.units for s in self.history(population) if s.status in COUNTED], epsilon, cap)
 
+    def refusals(self, population: str, release: str) -> int:
+        """How many runs of `release` the validation gate refused (the reservation's `max_refusals` rule)."""
+        return sum(1 for s in self.history(population) if s.status == "refused" and s.release == release)
+
     def cap(self, population: str) -> float | None:
         if not self.path.exists():
             return None
@@ -188,8 +195,10 @@ class Ledger:
             row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
         return None if row is None else units_epsilon(row[0])
 
-    def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float) -> list[Spend]:
-        """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed."""
+    def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float,
+                max_refusals: int | None = None) -> list[Spend]:
+        """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed, TooManyRefusals
+        if `release` was refused by the gate `max_refusals` times already."""
         cap_units = epsilon_units(cap, ROUND_FLOOR)
         with self._tx() as con:
             row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
@@ -198,6 +207,9 @@ class Ledger:
             elif row[0] != cap_units:
                 raise CapMismatch(population, units_epsilon(row[0]), cap)
             hist = _history(con, population)
+            refused = [s for s in hist if s.status == "refused" and s.release == release]
+            if max_refusals is not None and len(refused) >= max_refusals:
+                raise TooManyRefusals(population, release, refused)
             counted = [s.units for s in hist if s.status in COUNTED]
             if passes_cap(counted, epsilon, cap):
                 raise OverCap(population, cap, units_epsilon(sum(counted)), epsilon, hist)
@@ -217,6 +229,13 @@ class Ledger:
                                    f"{units_epsilon(row[0]):.13g} it reserved")
             con.execute("UPDATE spends SET epsilon_units = ?, status = 'spent', settled_at = ?, folder = ? "
                         "WHERE run_id = ?", (units, utc_now(), folder, run_id))
+
+    def refuse(self, run_id: str, epsilon: float) -> None:
+        """The validation gate refused the run: it published the refusal bit only, which costs `epsilon` (counted
+        even when above what the run reserved: it was spent)."""
+        with self._tx() as con:
+            con.execute("UPDATE spends SET epsilon_units = ?, status = 'refused', settled_at = ? WHERE run_id = ? "
+                        "AND status = 'reserved'", (epsilon_units(epsilon), utc_now(), run_id))
 
     def cancel(self, run_id: str) -> None:
         """The run published nothing: its reservation no longer counts."""
@@ -263,6 +282,13 @@ class OverCap(Exception):
     def __init__(self, population: str, cap: float, total: float, epsilon: float, history: list[Spend]):
         self.population, self.cap, self.total, self.epsilon, self.history = population, cap, total, epsilon, history
         super().__init__(f"population {population!r}: ε {total:.4g} spent + {epsilon:.4g} > cap {cap:.4g}")
+
+
+class TooManyRefusals(Exception):
+    def __init__(self, population: str, release: str, refused: list[Spend]):
+        self.population, self.release, self.refused = population, release, refused
+        super().__init__(f"release {release!r} of population {population!r} was refused by the gate "
+                         f"{len(refused)} times")
 
 
 class CapMismatch(Exception):
@@ -387,7 +413,8 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     pop = spec.population
     if pop is None:
         return None
-    eps = ledger_bound(spec)
+    level = spec.validation.level   # a refusal by the gate is charged ln(1/(1 − β)): reserved at least that
+    eps = max(ledger_bound(spec), units_epsilon(epsilon_units(gate_refusal_epsilon(level))))
     if spec.longitudinal is None and PanelStore(spec.resolve(spec.private_store), pop.key).exists():
         raise _refusal(spec, ("population", "key"), f"population {pop.key!r} is released with `longitudinal:` "
                        "(its ε is accounted per record); a release without it would bypass that ledger", pop.key,
@@ -395,7 +422,18 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     ledger = _checked(spec, ledger_path(spec))   # before the registry records it
     ledger = _checked(spec, _registered(spec, register=True))
     try:
-        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps)
+        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps, spec.validation.max_refusals)
+    except TooManyRefusals as exc:
+        lines = "\n".join("    " + s.line() for s in exc.refused)
+        raise _refusal(spec, ("validation", "max_refusals"), f"release {spec.release!r} of population {pop.key!r} "
+                       f"was refused by the validation gate {len(exc.refused)} times; a correct channel is refused "
+                       f"with probability at most β = {level:g} (the gate's level), so repeated refusals mean "
+                       f"something is wrong. Refused before any data was read. Refused attempts (each charged "
+                       f"ε = ln(1/(1 − β)) in the ledger):\n{lines}\n", spec.validation.max_refusals,
+                       "read the gate's failed checks in the refused runs' internal reports (private store): check "
+                       "that the source did not change between the profile and the perturbation, and that the "
+                       "channels are the ones the spec states (a channel bug); raise `validation.max_refusals` "
+                       "only once the cause is found") from None
     except CapMismatch as exc:
         raise _refusal(spec, ("population", "cap"), f"the ledger holds cap {exc.registered:g} for population "
                        f"{pop.key!r}; a spec cannot change it", pop.cap,
@@ -417,12 +455,16 @@ def _refusal(spec: ReleaseSpec, loc: tuple, problem: str, found, fix: str) -> Le
     return LedgerRefused(e.file, e.line, e.column, e.field, e.problem, e.found, e.fix)
 
 
-def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: str | None) -> None:
-    """Record what the run spent (it published `folder`), or cancel its reservation (it published nothing)."""
+def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: str | None,
+               gate_refused: bool = False) -> None:
+    """Record what the run spent (it published `folder`), charge a refusal by the validation gate
+    (`gate_refused`), or cancel its reservation (it published nothing, for another reason)."""
     if spec.population is None:
         return
     ledger = ledger_for(spec)
-    if folder is None:
+    if folder is None and gate_refused:
+        ledger.refuse(run_id, gate_refusal_epsilon(spec.validation.level))
+    elif folder is None:
         ledger.cancel(run_id)
     else:
         ledger.settle(run_id, epsilon, folder)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from pram_lib import __version__
 from pram_lib.core.codec import EntryError, decode_document
-from pram_lib.core.guarantee import NotDP
+from pram_lib.core.guarantee import NotDP, gate_guarantee
 from pram_lib.core.jsonable import to_json
 from pram_lib.core.quantile import z_value
 from pram_lib.families import REGISTRY, family_of
@@ -340,6 +340,10 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
           "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
           "adds its ε0.", ""]
+    L += [f"Validation gate: {gate_guarantee(total, spec.validation.level)}. A correct release is refused with "
+          "probability at most β, so publishing only what passes moves the output's distribution by at most β in "
+          "total variation: δ(ε) ≤ (1 + e^ε)·β. A refused attempt publishes only the refusal bit and is charged "
+          "ε = ln(1/(1 − β)), δ = β in the population's ledger.", ""]
     if any(a.prior.startswith("data") for a in assignments if not isinstance(a.guarantee, NotDP)):
         L += ["**Note:** where the prior is `data`, the optimal matrix was chosen from the raw frequencies of the "
               "source. The published matrix therefore depends on confidential data; the ε above covers the "

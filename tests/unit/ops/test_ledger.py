@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import multiprocessing
 import sqlite3
 from contextlib import closing
+from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 import synth
+from pram_lib.core.guarantee import gate_refusal_epsilon, gated_delta
 from pram_lib.ops.ledger import LEDGER_TABLES, Ledger, LedgerRefused, OverCap, reserve_for, settle_for
 from pram_lib.spec import SpecError, ledger_bound, load_spec
 
@@ -226,3 +230,96 @@ def test_scheduled_deployments_use_the_ledger():
         pops.setdefault((spec.source.path, spec.private_store), set()).add((spec.population.key,
                                                                             spec.population.cap))
     assert all(len(v) == 1 for v in pops.values())
+
+
+# -- the validation gate's selection, accounted (issue 30 item 3) ------------------------------------
+def _refusal_units(level: str) -> int:
+    """ln(1/(1 − β)) in pico-ε, rounded up: decimal arithmetic at 50 digits, independent of math.log1p."""
+    with localcontext() as ctx:
+        ctx.prec = 50
+        return int((-(Decimal(1) - Decimal(level)).ln() * 10 ** 12).to_integral_value(rounding=ROUND_CEILING))
+
+
+def test_a_gate_refusal_is_charged_and_counts(tmp_path):
+    """A run the gate refused is settled 'refused' at ε = ln(1/(1 − β)) rounded up (even above what it reserved)
+    and counts against the cap; any other failure cancels as before."""
+    path = _spec(tmp_path, cap=5.0)
+    spec = load_spec(path)
+    assert spec.validation.level == 1e-3 and spec.validation.max_refusals == 3
+    reserve_for(spec, "gate")
+    settle_for(spec, "gate", None, None, gate_refused=True)
+    reserve_for(spec, "crash")
+    settle_for(spec, "crash", None, None)
+    led = Ledger(tmp_path / "private" / "ledger.sqlite")
+    hist = {s.run_id: s for s in led.history("people-2026")}
+    assert hist["gate"].status == "refused" and hist["gate"].units == _refusal_units("0.001") == 1000500334
+    assert hist["crash"].status == "cancelled" and led.spent_units("people-2026") == hist["gate"].units
+    led.reserve("tiny", 1.0, "t", "a", 1e-6)
+    led.refuse("t", gate_refusal_epsilon(1e-3))   # more than reserved: charged all the same
+    assert led.spent_units("tiny") == _refusal_units("0.001")
+
+
+def test_after_max_refusals_a_release_is_refused_before_reading_data(tmp_path):
+    path = _spec(tmp_path, cap=50.0, validation={"level": 0.01, "max_refusals": 2})
+    spec = load_spec(path)
+    for i in range(2):
+        reserve_for(spec, f"r{i}")
+        settle_for(spec, f"r{i}", None, None, gate_refused=True)
+    with pytest.raises(LedgerRefused) as info:
+        reserve_for(spec, "r2")
+    err = info.value
+    assert err.field == "validation.max_refusals" and err.line == path.read_text().splitlines().index(
+        "  max_refusals: 2") + 1
+    assert "refused by the validation gate 2 times" in str(err) and "probability at most β = 0.01" in str(err)
+    assert "the source did not change" in err.fix
+    led = Ledger(tmp_path / "private" / "ledger.sqlite")
+    assert [s.status for s in led.history("people-2026")] == ["refused", "refused"]
+    assert led.spent_units("people-2026") == 2 * _refusal_units("0.01")
+    other = load_spec(_spec(tmp_path, cap=50.0, release="another-release"))   # another release's count is its own
+    assert reserve_for(other, "o1") == pytest.approx(EPS)
+
+
+def test_the_gate_adds_at_most_one_plus_e_eps_times_beta_to_delta():
+    """Brute force over gates: binary randomized response at ε on neighbours D, D'; a gate that refuses output z
+    with probability r_D(z), total refusal ≤ β under each data set. Every such gated output (the two outputs or
+    ⊥) has δ(ε) = Σ_o (P(o) − e^ε Q(o))_+ ≤ (1 + e^ε)·β, and the worst gate reaches a δ > 0; a refusal alone
+    (the bit) is (ln(1/(1 − β)), β)-DP."""
+    eps, beta = 1.0, 0.01
+    p = np.array([math.exp(eps), 1.0]) / (1 + math.exp(eps))
+    grid = np.linspace(0, 1, 21)
+    worst, worst_bit = 0.0, 0.0
+    for a0, a1, b0, b1 in itertools.product(grid, repeat=4):
+        rd, rn = np.array([a0, a1]) * beta / p, np.array([b0, b1]) * beta / p[::-1]   # refusal per output
+        if (rd > 1).any() or (rn > 1).any() or p @ rd > beta + 1e-15 or p[::-1] @ rn > beta + 1e-15:
+            continue
+        P = np.append(p * (1 - rd), p @ rd)
+        Q = np.append(p[::-1] * (1 - rn), p[::-1] @ rn)
+        worst = max(worst, np.clip(P - math.exp(eps) * Q, 0, None).sum())
+        bit_p, bit_q = np.array([1 - p @ rd, p @ rd]), np.array([1 - p[::-1] @ rn, p[::-1] @ rn])
+        worst_bit = max(worst_bit, np.clip(bit_p - math.exp(gate_refusal_epsilon(beta)) * bit_q, 0, None).sum())
+    assert 0 < worst <= gated_delta(eps, beta)
+    assert worst_bit <= beta + 1e-15
+
+
+@pytest.mark.prefect
+@pytest.mark.slow
+def test_flow_charges_the_gates_refusals_then_refuses_the_release(prefect_server, tmp_path, monkeypatch):
+    """In the flow: a published release states its guarantee with the gate (pure ε = log 3 + 1; δ = (1 + 3e)·β);
+    a run the gate refused is charged (status 'refused', ε = ln(1/(1 − β))), not cancelled; after `max_refusals`
+    of them the next run is refused at the reservation, before reading data."""
+    from flows.release import ValidationGateFailed, run_release
+
+    spec = _spec(tmp_path, cap=50.0, validation={"max_refusals": 2})
+    report = (Path(run_release(str(spec), seed=7)) / "report.md").read_text()
+    assert (f"with the gate's selection the release is (ε, δ) = ({EPS:.4g}, {(1 + 3 * math.e) * 1e-3:.3g}) (δ from "
+            "the gate's level β = 0.001)") in report
+    synth.lose_a_row(monkeypatch)
+    for s in (1, 2):
+        with pytest.raises(ValidationGateFailed):
+            run_release(str(spec), seed=s)
+    (tmp_path / "src.csv").write_bytes(b"\xff\xfe not a csv any more")  # reading it now would fail differently
+    with pytest.raises(LedgerRefused, match="refused by the validation gate 2 times") as info:
+        run_release(str(spec), seed=3)
+    assert info.value.field == "validation.max_refusals"
+    hist = Ledger(tmp_path / "private" / "ledger.sqlite").history("people-2026")
+    assert [(h.status, h.units) for h in hist][1:] == [("refused", _refusal_units("0.001"))] * 2
