@@ -114,6 +114,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         used, need = ledger.spent(pop.key), ledger_bound(spec)
         print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
               f"this release reserves {need:.4g} ({'fits' if ledger.fits(pop.key, pop.cap, need) else 'REFUSED: over the cap'})")
+        from pram_lib.ops.ledger import population_summary
+
+        print(f"population {pop.key}: {population_summary(spec).line()}"
+              + (f" (composed cap {pop.cap_composed:g} at δ = {pop.delta:g})" if pop.cap_composed else ""))
         refused = ledger.refusals(pop.key, spec.release)
         if refused:
             print(f"release {spec.release}: refused by the validation gate {refused} time(s) of at most "

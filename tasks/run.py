@@ -363,6 +363,9 @@ class ReleaseRun:
         try:
             ledger, pop = ledger_for(self.spec), self.spec.population
             used, cap = ledger.spent(pop.key), ledger.cap(pop.key) or pop.cap
-            return f"ε {used:.4g} of cap {cap:g} spent or reserved ({max(cap - used, 0.0):.4g} left)"
+            line = f"ε {used:.4g} of cap {cap:g} spent or reserved ({max(cap - used, 0.0):.4g} left)"
+            from pram_lib.ops.ledger import population_summary
+
+            return f"{line}; {population_summary(self.spec).line()}"
         except Exception:
             return "ledger not readable"

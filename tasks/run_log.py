@@ -133,7 +133,8 @@ def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path
     spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
     if spent is not None and spec.longitudinal is not None:   # charged per record, in the panel ledger
         spent = 0.0
-    ledger.settle_for(spec, run_id, spent, folder.name if folder else None, gate_refused)
+    recipe = release.privacy_recipe(assignments, spec.validation.level) if assignments and folder else None
+    ledger.settle_for(spec, run_id, spent, folder.name if folder else None, gate_refused, recipe)
 
 
 @step("finish-run", inline=True)

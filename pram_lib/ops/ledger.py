@@ -16,6 +16,8 @@ unit when it has more decimals (an ε computed from a log), a cap rounded down; 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sqlite3
 import stat
@@ -60,7 +62,8 @@ CREATE TABLE IF NOT EXISTS spends (
     status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled', 'refused')),
     reserved_at TEXT NOT NULL,
     settled_at TEXT,
-    folder TEXT
+    folder TEXT,
+    loss TEXT
 );
 CREATE INDEX IF NOT EXISTS spends_population ON spends(population);
 """
@@ -68,7 +71,7 @@ CREATE INDEX IF NOT EXISTS spends_population ON spends(population);
 
 LEDGER_TABLES = {"populations": ("key", "cap_units", "created"),
                  "spends": ("run_id", "population", "release", "epsilon_units", "status", "reserved_at",
-                            "settled_at", "folder")}
+                            "settled_at", "folder", "loss")}
 # Ledgers written before ε was kept in units (REAL ε and cap): opened, and migrated in the first transaction.
 FLOAT_LEDGER_TABLES = {"populations": ("key", "cap", "created"),
                        "spends": ("run_id", "population", "release", "epsilon", "status", "reserved_at",
@@ -130,10 +133,14 @@ class Spend:
     reserved_at: str
     settled_at: str | None
     folder: str | None
+    loss: str | None = None   # JSON list of what it released (`loss_of`); None: an ε-LDP bound at its ε
 
     @property
     def epsilon(self) -> float:
         return units_epsilon(self.units)
+
+    def recipe(self) -> list[dict]:
+        return json.loads(self.loss) if self.loss else [{"ldp": self.epsilon}]
 
     def line(self) -> str:
         what = self.folder or self.run_id[:12]
@@ -196,9 +203,12 @@ class Ledger:
         return None if row is None else units_epsilon(row[0])
 
     def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float,
-                max_refusals: int | None = None) -> list[Spend]:
+                max_refusals: int | None = None, composed_cap: tuple[float, float] | None = None,
+                loss_bound: float | None = None) -> list[Spend]:
         """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed, TooManyRefusals
-        if `release` was refused by the gate `max_refusals` times already."""
+        if `release` was refused by the gate `max_refusals` times already, OverComposedCap if `composed_cap`
+        (cap, δ) would be passed by the population's composed ε at δ with this release as an ε-LDP bound
+        (`loss_bound`, default `epsilon`)."""
         cap_units = epsilon_units(cap, ROUND_FLOOR)
         with self._tx() as con:
             row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
@@ -213,12 +223,18 @@ class Ledger:
             counted = [s.units for s in hist if s.status in COUNTED]
             if passes_cap(counted, epsilon, cap):
                 raise OverCap(population, cap, units_epsilon(sum(counted)), epsilon, hist)
-            con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL)",
-                        (run_id, population, release, epsilon_units(epsilon), utc_now()))
+            mine = [{"ldp": units_epsilon(epsilon_units(epsilon if loss_bound is None else loss_bound))}]
+            if composed_cap is not None:
+                now = composed(hist, composed_cap[1], mine)
+                if now.epsilon > composed_cap[0]:
+                    raise OverComposedCap(population, composed_cap, composed(hist, composed_cap[1]), now, hist)
+            con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, ?)",
+                        (run_id, population, release, epsilon_units(epsilon), utc_now(), json.dumps(mine)))
             return _history(con, population)
 
-    def settle(self, run_id: str, epsilon: float | None, folder: str) -> None:
-        """The run published `folder` spending `epsilon` (never more than it reserved; None: what it reserved)."""
+    def settle(self, run_id: str, epsilon: float | None, folder: str, recipe: list[dict] | None = None) -> None:
+        """The run published `folder` spending `epsilon` (never more than it reserved; None: what it reserved);
+        `recipe`: what it released (`loss_of`), replacing the reservation's ε-LDP bound."""
         with self._tx() as con:
             row = con.execute("SELECT epsilon_units, status FROM spends WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
@@ -227,15 +243,18 @@ class Ledger:
             if units > row[0]:
                 raise RuntimeError(f"run {run_id} spent ε = {units_epsilon(units):.13g}, more than the "
                                    f"{units_epsilon(row[0]):.13g} it reserved")
-            con.execute("UPDATE spends SET epsilon_units = ?, status = 'spent', settled_at = ?, folder = ? "
-                        "WHERE run_id = ?", (units, utc_now(), folder, run_id))
+            con.execute("UPDATE spends SET epsilon_units = ?, status = 'spent', settled_at = ?, folder = ?, "
+                        "loss = COALESCE(?, loss) WHERE run_id = ?",
+                        (units, utc_now(), folder, None if recipe is None else json.dumps(recipe), run_id))
 
-    def refuse(self, run_id: str, epsilon: float) -> None:
-        """The validation gate refused the run: it published the refusal bit only, which costs `epsilon` (counted
-        even when above what the run reserved: it was spent)."""
+    def refuse(self, run_id: str, level: float) -> None:
+        """The validation gate (level β) refused the run: it published the refusal bit only, which costs
+        ε = ln(1/(1 − β)) (counted even when above what the run reserved: it was spent) and δ = β."""
         with self._tx() as con:
-            con.execute("UPDATE spends SET epsilon_units = ?, status = 'refused', settled_at = ? WHERE run_id = ? "
-                        "AND status = 'reserved'", (epsilon_units(epsilon), utc_now(), run_id))
+            con.execute("UPDATE spends SET epsilon_units = ?, status = 'refused', settled_at = ?, loss = ? "
+                        "WHERE run_id = ? AND status = 'reserved'",
+                        (epsilon_units(gate_refusal_epsilon(level)), utc_now(), json.dumps([{"refusal": level}]),
+                         run_id))
 
     def cancel(self, run_id: str) -> None:
         """The run published nothing: its reservation no longer counts."""
@@ -252,8 +271,8 @@ def passes_cap(counted_units: list[int], epsilon: float, cap: float) -> bool:
 
 
 def _history(con: sqlite3.Connection, population: str) -> list[Spend]:
-    rows = con.execute("SELECT run_id, population, release, epsilon_units, status, reserved_at, settled_at, folder "
-                       "FROM spends WHERE population = ? ORDER BY reserved_at, run_id", (population,)).fetchall()
+    rows = con.execute("SELECT run_id, population, release, epsilon_units, status, reserved_at, settled_at, folder, "
+                       "loss FROM spends WHERE population = ? ORDER BY reserved_at, run_id", (population,)).fetchall()
     return [Spend(*r) for r in rows]
 
 
@@ -268,7 +287,7 @@ def _migrate_float_ledger(con: sqlite3.Connection) -> None:
         rows = con.execute("SELECT * FROM spends").fetchall()
         con.execute("DROP TABLE spends")
         con.execute(_SCHEMA.split(";")[1])
-        con.executemany("INSERT INTO spends VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        con.executemany("INSERT INTO spends VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
                         [(*r[:3], epsilon_units(r[3]), *r[4:]) for r in rows])
     if _columns(con, "populations") == FLOAT_LEDGER_TABLES["populations"]:
         rows = con.execute("SELECT * FROM populations").fetchall()
@@ -282,6 +301,62 @@ class OverCap(Exception):
     def __init__(self, population: str, cap: float, total: float, epsilon: float, history: list[Spend]):
         self.population, self.cap, self.total, self.epsilon, self.history = population, cap, total, epsilon, history
         super().__init__(f"population {population!r}: ε {total:.4g} spent + {epsilon:.4g} > cap {cap:.4g}")
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A population's composed guarantee: ε at `delta` from composing the privacy-loss distributions of its counted
+    spends (`releases` published or in progress, `refusals` refused by the gate), and the gate's δ beside it:
+    (1 + e^ε)·Σβ over the published releases and refused attempts (each is within β in total variation of its
+    ungated counterpart, and total variation adds up over releases)."""
+
+    epsilon: float
+    delta: float
+    releases: int
+    refusals: int
+    gate_delta: float
+    pure: float    # the sum of ε
+
+    def line(self) -> str:
+        n = f"{self.releases} release{'s' if self.releases != 1 else ''}"
+        r = f" and {self.refusals} refused attempt{'s' if self.refusals != 1 else ''}" if self.refusals else ""
+        return (f"sum of ε {self.pure:.4g}; composed over {n}{r}: (ε = {self.epsilon:.4g}, δ = {self.delta:.3g}) "
+                f"+ gate δ {self.gate_delta:.3g}")
+
+
+def loss_of(recipe: list[dict]):
+    """The privacy loss of one ledger entry's recipe (pram_lib.core.pld): channel matrices and ε-LDP bounds.
+    The gate's entries (`gate`: a published release's level β; `refusal`: a refused attempt's) carry no loss of
+    their own: each is within total variation β of its ungated counterpart (a refused attempt's: of a run that
+    always passes and publishes nothing), so they add to `Composed.gate_delta` instead. (Composing a refusal as
+    PrivacyLoss.for_refusal(β), (ln(1/(1 − β)), β)-DP, would put δ ≥ β into the composed δ: the composed ε at
+    δ = 10^-6 would be infinite after one refusal.)"""
+    from pram_lib.core.pld import PrivacyLoss, compose_all
+
+    parts = [PrivacyLoss.for_channel(x["matrix"], x.get("epsilon")) if "matrix" in x else PrivacyLoss.for_ldp(x["ldp"])
+             for x in recipe if "matrix" in x or "ldp" in x]
+    return compose_all(parts)
+
+
+def composed(history: list[Spend], delta: float, extra: list[dict] | None = None) -> Composed:
+    """The composed guarantee of the counted spends of `history` (and of `extra`, a release's recipe, if given)."""
+    from pram_lib.core.pld import compose_all
+
+    counted = [s for s in history if s.status in COUNTED]
+    recipes = [s.recipe() for s in counted] + ([extra] if extra is not None else [])
+    eps = compose_all([loss_of(r) for r in recipes]).epsilon(delta) if recipes else 0.0
+    beta = sum(x.get("gate", 0.0) + x.get("refusal", 0.0) for r in recipes for x in r)
+    refusals = sum(1 for s in counted if s.status == "refused")
+    pure = units_epsilon(sum(s.units for s in counted) + (epsilon_units(sum(x.get("ldp", x.get("epsilon", 0.0))
+                                                                          for x in extra)) if extra else 0))
+    return Composed(eps, delta, len(recipes) - refusals, refusals, (1 + math.exp(eps)) * beta if beta else 0.0, pure)
+
+
+class OverComposedCap(Exception):
+    def __init__(self, population: str, cap: tuple[float, float], before: Composed, after: Composed,
+                 history: list[Spend]):
+        self.population, self.cap, self.before, self.after, self.history = population, cap, before, after, history
+        super().__init__(f"population {population!r}: composed ε {after.epsilon:.4g} at δ = {cap[1]:g} > cap {cap[0]:g}")
 
 
 class TooManyRefusals(Exception):
@@ -422,7 +497,17 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     ledger = _checked(spec, ledger_path(spec))   # before the registry records it
     ledger = _checked(spec, _registered(spec, register=True))
     try:
-        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps, spec.validation.max_refusals)
+        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps, spec.validation.max_refusals,
+                       None if pop.cap_composed is None else (pop.cap_composed, pop.delta),
+                       spec.budget if spec.longitudinal is not None else None)   # per record: the budget bounds it
+    except OverComposedCap as exc:
+        lines = "\n".join("    " + s.line() for s in exc.history) or "    (no earlier releases)"
+        raise _refusal(spec, ("population", "cap_composed"), f"population {pop.key!r}: {exc.before.line()}; this "
+                       f"release (up to ε = {eps:.4g}) would make its composed ε {exc.after.epsilon:.4g} at δ = "
+                       f"{pop.delta:g}, over the composed cap {pop.cap_composed:g}. Refused before any data was "
+                       f"read. History:\n{lines}\n", pop.cap_composed,
+                       "lower the variables' levels, or release this population less often; the composed cap bounds "
+                       "every release of the population together") from None
     except TooManyRefusals as exc:
         lines = "\n".join("    " + s.line() for s in exc.refused)
         raise _refusal(spec, ("validation", "max_refusals"), f"release {spec.release!r} of population {pop.key!r} "
@@ -456,18 +541,29 @@ def _refusal(spec: ReleaseSpec, loc: tuple, problem: str, found, fix: str) -> Le
 
 
 def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: str | None,
-               gate_refused: bool = False) -> None:
-    """Record what the run spent (it published `folder`), charge a refusal by the validation gate
-    (`gate_refused`), or cancel its reservation (it published nothing, for another reason)."""
+               gate_refused: bool = False, recipe: list[dict] | None = None) -> None:
+    """Record what the run spent (it published `folder`; `recipe`: its channels, for the composed accounting),
+    charge a refusal by the validation gate (`gate_refused`), or cancel its reservation (it published nothing,
+    for another reason)."""
     if spec.population is None:
         return
     ledger = ledger_for(spec)
     if folder is None and gate_refused:
-        ledger.refuse(run_id, gate_refusal_epsilon(spec.validation.level))
+        ledger.refuse(run_id, spec.validation.level)
     elif folder is None:
         ledger.cancel(run_id)
     else:
-        ledger.settle(run_id, epsilon, folder)
+        ledger.settle(run_id, epsilon, folder, recipe)
+
+
+def population_summary(spec: ReleaseSpec, extra: list[dict] | None = None) -> Composed:
+    """The population's sum of ε and composed (ε, δ) at `population.delta` (with `extra`, a release's recipe not
+    yet settled: its own entries in progress are then left out, as it replaces them)."""
+    ledger, pop = ledger_for(spec), spec.population
+    hist = ledger.history(pop.key)
+    if extra is not None:
+        hist = [s for s in hist if s.status != "reserved"]
+    return composed(hist, pop.delta, extra)
 
 
 def settle_recovered(store: Path, run: dict, folder: str | None) -> list[str]:

@@ -344,6 +344,7 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           "probability at most β, so publishing only what passes moves the output's distribution by at most β in "
           "total variation: δ(ε) ≤ (1 + e^ε)·β. A refused attempt publishes only the refusal bit and is charged "
           "ε = ln(1/(1 − β)), δ = β in the population's ledger.", ""]
+    L += population_section(spec, assignments)
     if any(a.prior.startswith("data") for a in assignments if not isinstance(a.guarantee, NotDP)):
         L += ["**Note:** where the prior is `data`, the optimal matrix was chosen from the raw frequencies of the "
               "source. The published matrix therefore depends on confidential data; the ε above covers the "
@@ -386,6 +387,26 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
              "statistics stay in the private store because they use source counts).")
     L += ["", "## Using this release", "", *data_files_section(spec)]
     return "\n".join(L)
+
+
+def population_section(spec: ReleaseSpec, assignments: list[Assignment]) -> list[str]:
+    """The population's history with this release: the sum of ε, and the composed (ε, δ) of the privacy-loss
+    distributions of the channels released (pram_lib.ops.ledger.population_summary)."""
+    from pram_lib.ops.ledger import population_summary
+    from pram_lib.pipeline.release import privacy_recipe
+
+    pop = spec.population
+    if pop is None:
+        return []
+    summary = population_summary(spec, privacy_recipe(assignments, spec.validation.level))
+    out = [f"Population `{pop.key}` with this release: {summary.line()}. The composed ε composes the privacy-loss "
+           f"distributions of the channels actually released at the population's δ = {pop.delta:g}; the gate's δ is "
+           "(1 + e^ε)·Σβ over the published releases and the refused attempts (each within β in total variation of "
+           "its ungated counterpart)."]
+    if spec.longitudinal is not None:
+        out[0] += (" In a longitudinal population the composed figure is the worst record's: every release composed "
+                   "for every record (a record that paid nothing in a release is counted as if it had).")
+    return out + [""]
 
 
 def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame) -> list[str]:

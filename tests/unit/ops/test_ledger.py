@@ -255,7 +255,7 @@ def test_a_gate_refusal_is_charged_and_counts(tmp_path):
     assert hist["gate"].status == "refused" and hist["gate"].units == _refusal_units("0.001") == 1000500334
     assert hist["crash"].status == "cancelled" and led.spent_units("people-2026") == hist["gate"].units
     led.reserve("tiny", 1.0, "t", "a", 1e-6)
-    led.refuse("t", gate_refusal_epsilon(1e-3))   # more than reserved: charged all the same
+    led.refuse("t", 1e-3)   # more than reserved: charged all the same
     assert led.spent_units("tiny") == _refusal_units("0.001")
 
 
@@ -323,3 +323,85 @@ def test_flow_charges_the_gates_refusals_then_refuses_the_release(prefect_server
     assert info.value.field == "validation.max_refusals"
     hist = Ledger(tmp_path / "private" / "ledger.sqlite").history("people-2026")
     assert [(h.status, h.units) for h in hist][1:] == [("refused", _refusal_units("0.001"))] * 2
+
+
+# -- composed (ε, δ) (issue 30 item 4) -----------------------------------------------------------------
+SMALL = [  # randomized response over 3 and 4 categories at ε = 0.25 each: 0.5 per release
+    synth.declared({"column": "colour", "channel": "rr-uniform", "alpha": 0.25}),
+    synth.declared({"column": "size", "channel": "rr-uniform", "alpha": 0.25}),
+]
+
+
+def _composed_exact(channels: list[tuple[float, int]], releases: int, delta: float) -> float:
+    loss, mass = np.zeros(1), np.ones(1)
+    for eps, k in channels:
+        up, down = math.exp(eps) / (math.exp(eps) + k - 1), 1 / (math.exp(eps) + k - 1)
+        ls, ms = [], []
+        for a in range(releases + 1):
+            for b in range(releases + 1 - a):
+                ls.append(eps * (a - b))
+                ms.append(math.comb(releases, a) * math.comb(releases - a, b) * up ** a * down ** b
+                          * (1 - up - down) ** (releases - a - b))
+        loss, mass = np.add.outer(loss, ls).ravel(), np.multiply.outer(mass, ms).ravel()
+
+    def hockey(e):
+        return float(np.sum(mass * np.clip(-np.expm1(e - loss), 0, None)))
+
+    lo, hi = 0.0, float(loss.max())
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if hockey(mid) <= delta else (mid, hi)
+    return hi
+
+
+def test_the_populations_composed_epsilon_after_twelve_releases(tmp_path):
+    """Twelve releases of two randomized-response channels (3 and 4 categories, ε = 0.25 each) settled with what
+    they released: the sum of ε is 6.0 exactly; the composed ε at δ = 10^-6 matches the brute-force trinomial
+    composition of the channels' privacy losses (within the stand-in's grid, 10^-4 per channel and release,
+    rounded up: 24·10^-4) and is far below the sum; the gate's δ is (1 + e^ε)·12·β. The report's line for the
+    twelfth release (rendered before it settles) states the same figures."""
+    from flows.cli import choose_as_the_release
+    from pram_lib.ops.ledger import population_summary
+    from pram_lib.pipeline.publish import population_section
+    from pram_lib.pipeline.release import privacy_recipe
+
+    path = synth.write_spec(tmp_path, population={"key": "people-2026", "cap": 100}, variables=SMALL)
+    spec, _, _, _, assignments, _ = choose_as_the_release(str(path))
+    recipe = privacy_recipe(assignments, spec.validation.level)
+    assert [("matrix" in x, round(x.get("epsilon", 0), 12), x.get("gate")) for x in recipe] == [
+        (True, 0.25, None), (True, 0.25, None), (False, 0, 1e-3)]
+    for i in range(12):
+        reserve_for(spec, f"r{i}")
+        if i < 11:
+            settle_for(spec, f"r{i}", 0.5, f"synth-{i}", recipe=recipe)
+    exact = _composed_exact([(0.25, 3), (0.25, 4)], 12, 1e-6)
+    assert exact < 0.8 * 6.0                                        # composition: well below the sum 6.0
+    line = population_section(spec, assignments)[0]                # the 12th release's report, before it settles
+    settle_for(spec, "r11", 0.5, "synth-11", recipe=recipe)
+    summary = population_summary(spec)
+    assert summary.pure == 6.0 and summary.releases == 12 and summary.refusals == 0 and summary.delta == 1e-6
+    assert exact - 1e-6 <= summary.epsilon <= exact + 24e-4
+    assert summary.gate_delta == pytest.approx((1 + math.exp(exact)) * 12e-3, rel=3e-3)
+    assert (f"sum of ε 6; composed over 12 releases: (ε = {summary.epsilon:.4g}, δ = 1e-06) + gate δ "
+            f"{summary.gate_delta:.3g}") in line
+    assert f"{summary.epsilon:.2f}" == f"{exact:.2f}"
+
+
+def test_a_composed_cap_refuses_before_reading_data(tmp_path):
+    """`cap_composed`: the reservation composes the history with this release as an ε-LDP bound (binary
+    randomized response at its ε, which dominates every ε-LDP channel); over the cap it is refused at that
+    field. A release alone over it is refused when the spec loads."""
+    bound = _composed_exact([(0.5, 2)], 3, 1e-6)          # three ε-LDP bounds of 0.5: binary RR composed
+    assert bound < 1.5
+    path = synth.write_spec(tmp_path, population={"key": "p", "cap": 100, "cap_composed": round(bound + 0.01, 2)},
+                            variables=SMALL)
+    spec = load_spec(path)
+    for i in range(3):
+        reserve_for(spec, f"r{i}")
+    with pytest.raises(LedgerRefused, match="over the composed cap") as info:
+        reserve_for(spec, "r3")
+    assert info.value.field == "population.cap_composed"
+    with pytest.raises(SpecError, match="composed cap") as info:
+        load_spec(synth.write_spec(tmp_path, population={"key": "p", "cap": 100, "cap_composed": 0.3},
+                                   variables=SMALL))
+    assert info.value.field == "population.cap_composed"
