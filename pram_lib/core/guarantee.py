@@ -91,5 +91,7 @@ def gated_delta(epsilon: float, level: float, channels_delta: float = 0.0) -> fl
 
 def gate_guarantee(epsilon: float, level: float) -> str:
     """The release's guarantee in words: pure ε for the channels, (ε, δ) once the gate's selection is counted."""
+    delta = gated_delta(epsilon, level)
+    vacuous = "; at this ε the bound (1 + e^ε)·β is 1 or more and says nothing" if delta >= 1 else ""
     return (f"pure ε = {epsilon:.4g} per record for the channels; with the gate's selection the release is "
-            f"(ε, δ) = ({epsilon:.4g}, {gated_delta(epsilon, level):.3g}) (δ from the gate's level β = {level:g})")
+            f"(ε, δ) = ({epsilon:.4g}, {delta:.3g}) (δ from the gate's level β = {level:g}{vacuous})")

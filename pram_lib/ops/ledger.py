@@ -35,6 +35,9 @@ from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, r
 LEDGER_FILE = "ledger.sqlite"
 COUNTED = ("reserved", "spent", "refused")   # statuses that count against the cap
 UNITS_PER_EPSILON = 10 ** 12   # the ledger's unit: one pico-ε
+# A settled ε (computed from the channels' float matrices, 1.5000000000000004 for a stated 1.5, and summed in
+# floats) within this relative distance of its reservation is the reservation: floating-point rounding, not spending.
+FLOAT_ROUNDING = 1e-13
 
 
 def epsilon_units(epsilon: float, rounding: str = ROUND_CEILING) -> int:
@@ -204,11 +207,12 @@ class Ledger:
 
     def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float,
                 max_refusals: int | None = None, composed_cap: tuple[float, float] | None = None,
-                loss_bound: float | None = None) -> list[Spend]:
+                loss_bound: float | None = None, units: int | None = None) -> list[Spend]:
         """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed, TooManyRefusals
         if `release` was refused by the gate `max_refusals` times already, OverComposedCap if `composed_cap`
         (cap, δ) would be passed by the population's composed ε at δ with this release as an ε-LDP bound
-        (`loss_bound`, default `epsilon`)."""
+        (`loss_bound`, default `epsilon`). `units`: `epsilon` in pico-ε when the caller summed it exactly."""
+        units = epsilon_units(epsilon) if units is None else units
         cap_units = epsilon_units(cap, ROUND_FLOOR)
         with self._tx() as con:
             row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
@@ -221,7 +225,7 @@ class Ledger:
             if max_refusals is not None and len(refused) >= max_refusals:
                 raise TooManyRefusals(population, release, refused)
             counted = [s.units for s in hist if s.status in COUNTED]
-            if passes_cap(counted, epsilon, cap):
+            if sum(counted) + units > cap_units:
                 raise OverCap(population, cap, units_epsilon(sum(counted)), epsilon, hist)
             mine = [{"ldp": units_epsilon(epsilon_units(epsilon if loss_bound is None else loss_bound))}]
             if composed_cap is not None:
@@ -229,7 +233,7 @@ class Ledger:
                 if now.epsilon > composed_cap[0]:
                     raise OverComposedCap(population, composed_cap, composed(hist, composed_cap[1]), now, hist)
             con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, ?)",
-                        (run_id, population, release, epsilon_units(epsilon), utc_now(), json.dumps(mine)))
+                        (run_id, population, release, units, utc_now(), json.dumps(mine)))
             return _history(con, population)
 
     def settle(self, run_id: str, epsilon: float | None, folder: str, recipe: list[dict] | None = None) -> None:
@@ -240,6 +244,8 @@ class Ledger:
             if row is None:
                 return
             units = row[0] if epsilon is None else epsilon_units(epsilon)
+            if units > row[0] and math.isclose(epsilon, units_epsilon(row[0]), rel_tol=FLOAT_ROUNDING):
+                units = row[0]   # the channels' floating-point rounding, not spending
             if units > row[0]:
                 raise RuntimeError(f"run {run_id} spent ε = {units_epsilon(units):.13g}, more than the "
                                    f"{units_epsilon(row[0]):.13g} it reserved")
@@ -320,8 +326,9 @@ class Composed:
     def line(self) -> str:
         n = f"{self.releases} release{'s' if self.releases != 1 else ''}"
         r = f" and {self.refusals} refused attempt{'s' if self.refusals != 1 else ''}" if self.refusals else ""
-        return (f"sum of ε {self.pure:.4g}; composed over {n}{r}: (ε = {self.epsilon:.4g}, δ = {self.delta:.3g}) "
-                f"+ gate δ {self.gate_delta:.3g}")
+        gate = (f"gate δ {self.gate_delta:.3g}" if self.gate_delta < 1 else
+                "gate δ ≥ 1 (the gate's bound (1 + e^ε)·Σβ says nothing at this ε)")
+        return f"sum of ε {self.pure:.4g}; composed over {n}{r}: (ε = {self.epsilon:.4g}, δ = {self.delta:.3g}) + {gate}"
 
 
 def loss_of(recipe: list[dict]):
@@ -489,7 +496,8 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     if pop is None:
         return None
     level = spec.validation.level   # a refusal by the gate is charged ln(1/(1 − β)): reserved at least that
-    eps = max(ledger_bound(spec), units_epsilon(epsilon_units(gate_refusal_epsilon(level))))
+    units = max(bound_units(spec), epsilon_units(gate_refusal_epsilon(level)))
+    eps = units_epsilon(units)
     if spec.longitudinal is None and PanelStore(spec.resolve(spec.private_store), pop.key).exists():
         raise _refusal(spec, ("population", "key"), f"population {pop.key!r} is released with `longitudinal:` "
                        "(its ε is accounted per record); a release without it would bypass that ledger", pop.key,
@@ -499,7 +507,8 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     try:
         ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps, spec.validation.max_refusals,
                        None if pop.cap_composed is None else (pop.cap_composed, pop.delta),
-                       spec.budget if spec.longitudinal is not None else None)   # per record: the budget bounds it
+                       spec.budget if spec.longitudinal is not None else None,   # per record: the budget bounds it
+                       units)
     except OverComposedCap as exc:
         lines = "\n".join("    " + s.line() for s in exc.history) or "    (no earlier releases)"
         raise _refusal(spec, ("population", "cap_composed"), f"population {pop.key!r}: {exc.before.line()}; this "
@@ -533,6 +542,15 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
                        "lower the variables' levels, or release this population less often; the cap bounds "
                        "every release of the population together") from None
     return eps
+
+
+def bound_units(spec: ReleaseSpec) -> int:
+    """`ledger_bound` in pico-ε, summed exactly: each variable's stated ε in units (0.1 + 0.2 is 0.3)."""
+    from pram_lib.families import family_of
+
+    if spec.longitudinal is not None or any(family_of(v).epsilon_from_data(v) for v in spec.variables):
+        return epsilon_units(ledger_bound(spec))
+    return sum(epsilon_units(family_of(v).static_epsilon(v)) for v in spec.variables)
 
 
 def _refusal(spec: ReleaseSpec, loc: tuple, problem: str, found, fix: str) -> LedgerRefused:

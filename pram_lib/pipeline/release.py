@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pram_lib.core.channel import Channel
 from pram_lib.core.guarantee import Public, spent_by_key
 from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,  # noqa: F401
                                  VariableProfile, from_release_scale, keyed_generator, stratum_label, to_release_scale)
@@ -125,7 +126,8 @@ def privacy_recipe(assignments: list[Assignment], level: float) -> list[dict]:
     for column, eps in spent_by_variable(assignments).items():
         mine = [a for a in assignments if a.column == column]
         a = mine[0]
-        if len(mine) == 1 and not a.prior_epsilon and len(a.channel.categories) <= MATRIX_LIMIT:
+        if (len(mine) == 1 and not a.prior_epsilon and isinstance(a.channel, Channel)
+                and len(a.channel.categories) <= MATRIX_LIMIT):   # a group's channel: its ε bound
             out.append({"matrix": a.channel.matrix.tolist(), "epsilon": eps})
         else:
             out.append({"ldp": eps})

@@ -98,6 +98,24 @@ def test_exact_cap_decisions_at_the_boundary(tmp_path):
     assert [s.units for s in led.history("ten")] == [10 ** 11] * 10
 
 
+def test_a_releases_bound_is_summed_exactly(tmp_path):
+    """A spec of ε 0.1 and 0.2 reserves 0.3 exactly (its floats sum to 0.30000000000000004): two releases fit a cap
+    of 0.6, a third is refused; a settlement computed in floats (0.1 + 0.2) is the reservation, one unit more is
+    not."""
+    variables = [synth.declared({"column": "colour", "channel": "rr-uniform", "alpha": 0.1}),
+                 synth.declared({"column": "size", "channel": "rr-uniform", "alpha": 0.2})]
+    spec = load_spec(synth.write_spec(tmp_path, population={"key": "p", "cap": 0.6}, variables=variables))
+    for i in range(2):
+        assert reserve_for(spec, f"r{i}") == 0.3
+    settle_for(spec, "r0", 0.1 + 0.2, "a-0")
+    led = Ledger(tmp_path / "private" / "ledger.sqlite")
+    assert [s.units for s in led.history("p")] == [3 * 10 ** 11] * 2
+    with pytest.raises(LedgerRefused):
+        reserve_for(spec, "r2")
+    with pytest.raises(RuntimeError, match="more than"):
+        settle_for(spec, "r1", 0.300000000001, "a-1")
+
+
 def test_a_ledger_of_float_epsilons_is_migrated(tmp_path):
     """A ledger written before ε was kept in units (REAL columns `cap`, `epsilon`) opens; in its first transaction
     every ε becomes pico-ε rounded up (a decimal exactly) and the cap is kept; nothing else changes."""
