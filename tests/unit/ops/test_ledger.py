@@ -18,7 +18,8 @@ import yaml
 
 import synth
 from pram_lib.core.guarantee import gate_refusal_epsilon, gated_delta
-from pram_lib.ops.ledger import LEDGER_TABLES, Ledger, LedgerRefused, OverCap, reserve_for, settle_for
+from pram_lib.ops.ledger import (LEDGER_TABLES, Ledger, LedgerRefused, OverCap, reserve_for, settle_for,
+                                 units_epsilon)
 from pram_lib.spec import SpecError, ledger_bound, load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -423,3 +424,23 @@ def test_a_composed_cap_refuses_before_reading_data(tmp_path):
         load_spec(synth.write_spec(tmp_path, population={"key": "p", "cap": 100, "cap_composed": 0.3},
                                    variables=SMALL))
     assert info.value.field == "population.cap_composed"
+
+
+def test_check_shows_the_composed_guarantee_and_the_refusals(tmp_path, capsys):
+    """`pram-release check` prints the population's sum and composed (ε, δ) beside the cap, and the gate's refusals
+    of this release against `max_refusals`."""
+    from flows.cli import main
+    from pram_lib.ops.ledger import population_summary
+
+    path = synth.write_spec(tmp_path, population={"key": "people-2026", "cap": 100}, variables=SMALL)
+    spec = load_spec(path)
+    for i in range(3):
+        reserve_for(spec, f"r{i}")
+        settle_for(spec, f"r{i}", None, None, gate_refused=True) if i == 2 else settle_for(spec, f"r{i}", 0.5, f"s{i}")
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    summary = population_summary(spec)
+    assert summary.releases == 2 and summary.refusals == 1
+    assert summary.pure == units_epsilon(10 ** 12 + _refusal_units("0.001"))
+    assert f"population people-2026: {summary.line()}" in out and "composed over 2 releases and 1 refused attempt" in out
+    assert "refused by the validation gate 1 time(s) of at most 3" in out
