@@ -24,6 +24,7 @@ class _Side:
     def __init__(self, index: np.ndarray, mass: np.ndarray, infinite: float):
         keep = mass > 0
         self.index, self.mass, self.infinite = index[keep].astype(np.int64), mass[keep].astype(float), infinite
+        self._suffix = None
 
     @classmethod
     def of(cls, p: np.ndarray, q: np.ndarray, interval: float) -> "_Side":
@@ -34,7 +35,7 @@ class _Side:
         return cls(u, np.bincount(inv, weights=p[both]), float(p[(p > 0) & (q == 0)].sum()))
 
     def compose(self, other: "_Side") -> "_Side":
-        if self.index.size * other.index.size <= 4_000_000:
+        if self.index.size * other.index.size <= 200_000:
             index = np.add.outer(self.index, other.index).ravel()
             u, inv = np.unique(index, return_inverse=True)
             mass = np.bincount(inv, weights=np.multiply.outer(self.mass, other.mass).ravel())
@@ -53,9 +54,16 @@ class _Side:
         return _Side(u, mass, infinite)
 
     def delta(self, epsilon: float, interval: float) -> float:
-        loss = self.index * interval
-        over = loss > epsilon
-        return float(np.sum(self.mass[over] * -np.expm1(epsilon - loss[over]))) + self.infinite
+        """E[(1 − e^(ε − L))_+] + P(L = ∞) for ε ≥ 0, from suffix sums over the positive losses (made once):
+        Σ_{l > ε} m − e^ε·Σ_{l > ε} m·e^(−l)."""
+        if getattr(self, "_suffix", None) is None:
+            pos = self.index > 0
+            loss, mass = self.index[pos] * interval, self.mass[pos]
+            self._suffix = (loss, np.append(np.cumsum(mass[::-1])[::-1], 0.0),
+                            np.append(np.cumsum((mass * np.exp(-loss))[::-1])[::-1], 0.0))
+        loss, mass_over, weighted_over = self._suffix
+        i = int(np.searchsorted(loss, max(epsilon, 0.0), side="right"))
+        return max(float(mass_over[i] - math.exp(epsilon) * weighted_over[i]), 0.0) + self.infinite
 
     def to_dict(self) -> dict:
         return {"index": self.index.tolist(), "mass": self.mass.tolist(), "infinite": self.infinite}
@@ -139,7 +147,7 @@ class PrivacyLoss:
         for _ in range(100):
             mid = (lo + hi) / 2
             lo, hi = (lo, mid) if self.delta(mid) <= delta else (mid, hi)
-            if hi - lo < 1e-9:
+            if hi - lo < 1e-7:
                 break
         return hi
 

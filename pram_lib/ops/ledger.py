@@ -351,7 +351,12 @@ def composed(history: list[Spend], delta: float, extra: list[dict] | None = None
 
     counted = [s for s in history if s.status in COUNTED]
     recipes = [s.recipe() for s in counted] + ([extra] if extra is not None else [])
-    eps = compose_all([loss_of(r) for r in recipes]).epsilon(delta) if recipes else 0.0
+    alike: dict[str, int] = {}   # releases of one spec publish alike: each kind composed with itself once
+    for r in recipes:
+        key = json.dumps(r, sort_keys=True)
+        alike[key] = alike.get(key, 0) + 1
+    eps = (compose_all([loss_of(json.loads(k)).self_compose(n) for k, n in alike.items()]).epsilon(delta)
+           if recipes else 0.0)
     beta = sum(x.get("gate", 0.0) + x.get("refusal", 0.0) for r in recipes for x in r)
     refusals = sum(1 for s in counted if s.status == "refused")
     pure = units_epsilon(sum(s.units for s in counted) + (epsilon_units(sum(x.get("ldp", x.get("epsilon", 0.0))
