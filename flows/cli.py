@@ -105,17 +105,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         for line in summary_lines(spec, predicted):
             print(f"  {line}")
     if spec.population is not None and spec.longitudinal is None:
-        from pram_lib.ops.ledger import ledger_for
-        from pram_lib.spec import ledger_bound
+        from pram_lib.ops.ledger import bound_units, ledger_for, population_summary, units_epsilon
 
         try:  # the population may be registered to another ledger (pram_lib.ops.ledger.PopulationRegistry)
             pop, ledger = spec.population, ledger_for(spec)
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        used, need = ledger.spent(pop.key), ledger_bound(spec)
+        used, need = ledger.spent(pop.key), units_epsilon(bound_units(spec))   # in pico-ε, summed as reserved
         print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
               f"this release reserves {need:.4g} ({'fits' if ledger.fits(pop.key, pop.cap, need) else 'REFUSED: over the cap'})")
+        print(f"population {pop.key}: {population_summary(spec).line()}"
+              + (f" (composed cap {pop.cap_composed:g} at δ = {pop.delta:g})" if pop.cap_composed else ""))
+        refused = ledger.refusals(pop.key, spec.release)
+        if refused:
+            print(f"release {spec.release}: refused by the validation gate {refused} time(s) of at most "
+                  f"{spec.validation.max_refusals} (validation.max_refusals)"
+                  f"{'; REFUSED: a further run is refused before reading data' if refused >= spec.validation.max_refusals else ''}")
     print("nothing written.")
     return 0
 

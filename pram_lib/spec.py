@@ -60,17 +60,21 @@ class PopulationSpec(_Strict):
     cap: float = Field(gt=0, description="largest cumulative ε over every release of this population")
     ledger: str | None = Field(default=None, description="the population's ledger file (default: "
                                "<private_store>/ledger.sqlite); one ledger per population on this machine")
+    delta: float = Field(default=1e-6, gt=0, lt=1, description="the δ at which the population's composed ε "
+                         "(privacy-loss distributions of the released channels) is reported and capped")
+    cap_composed: float | None = Field(default=None, gt=0, description="largest composed ε at `delta` over every "
+                                       "release of this population (optional, beside `cap`)")
 
     @field_validator("key")
     @classmethod
     def _key_slug(cls, v: str) -> str:
         return _check_slug(v, "population keys use letters, digits, '.', '_' and '-' only")
 
-    @field_validator("cap")
+    @field_validator("cap", "cap_composed")
     @classmethod
-    def _cap_finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("cap must be a finite number > 0")
+    def _cap_finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("a cap must be a finite number > 0")
         return v
 
 
@@ -166,6 +170,9 @@ class ValidationSpec(_Strict):
     level: float = Field(default=1e-3, gt=0, lt=0.5)   # family-wise error rate over all statistical checks (Holm)
     min_expected: float = Field(default=5.0, ge=0)     # records per category every stratum needs for the χ² check
     audit: AuditSpec = Field(default_factory=AuditSpec)
+    max_refusals: int = Field(default=3, ge=1, description="refused attempts of a release (same name, same "
+                              "population) after which a run is refused before reading data: a correct channel "
+                              "is refused with probability at most `level`")
 
 
 DATA_FORMATS = ("parquet", "csv", "dta", "sav")   # files of the released table: Parquet (always), CSV, Stata, SPSS
@@ -577,6 +584,16 @@ def check_static_budget(spec: ReleaseSpec) -> None:
         raise spec.error(("population", "cap"), f"this release alone spends ε = {spent:.4g}, over the population's "
                          "cap", spec.population.cap, f"lower the variables' levels{loosen} (the cap bounds every "
                          "release of the population together)")
+    pop = spec.population
+    if pop is not None and pop.cap_composed is not None and spent > 0:
+        from pram_lib.core.pld import PrivacyLoss
+
+        alone = PrivacyLoss.for_ldp(spent).epsilon(pop.delta)   # an ε-LDP bound, as the ledger reserves it
+        if alone > pop.cap_composed:
+            raise spec.error(("population", "cap_composed"), f"this release alone spends ε = {spent:.4g} per record, "
+                             f"which composes to ε = {alone:.4g} at δ = {pop.delta:g}, over the population's composed "
+                             "cap", pop.cap_composed, f"lower the variables' levels{loosen} (the composed cap bounds "
+                             "every release of the population together)")
     if spent > spec.budget + 1e-12:
         parts = ", ".join(f"{v.key}={family_of(v).static_epsilon(v):.4g}" + (" (target)" if v.key in targets else "")
                           for v in spec.variables if family_of(v).static_epsilon(v) > 0)

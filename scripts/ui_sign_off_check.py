@@ -250,7 +250,7 @@ def main() -> int:
                     failed = [e for e in entries if e["event"] == "release-failed"]
                     history = ledger(work)
                     seen.update(new_release_folders=sorted(release_folders(work) - before),
-                                ledger=[(s["status"], s["epsilon"], s["run_id"]) for s in history],
+                                ledger=[(s["status"], s["units"] / 10 ** 12, s["run_id"]) for s in history],
                                 audit_sign_off=failed[-1].get("sign_off") if failed else None)
                     checks = {"exit 2": rc == 2,
                               "error names the reviewer": f"rejected at sign-off by {REVIEWER}: {comment}" in stderr,

@@ -18,6 +18,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from pram_lib import __version__
+from pram_lib.core.guarantee import gate_guarantee, gate_refusal_epsilon
 from pram_lib.ops import audit
 from pram_lib.ops.audit import utc_now
 from pram_lib.pipeline import publish, release
@@ -225,7 +226,8 @@ class ReleaseRun:
                             {**self.record, "engine": self.engine, "error": f"{kind}: {whole}",
                              "finished": utc_now()})
         if self.reserved and not self.settled:   # a refused reservation leaves nothing to cancel
-            self._try("ledger", settle_budget_task, self.spec, self.run_id, self.assignments, self.folder)
+            self._try("ledger", settle_budget_task, self.spec, self.run_id, self.assignments, self.folder,
+                      kind == "ValidationGateFailed" and self.folder is None)   # the gate's refusal is charged
         if not self.unrecorded:
             self._try("journal", finish_run_task)
         else:  # what could not be recorded is left to the next run on this store (journal.recover)
@@ -332,6 +334,8 @@ class ReleaseRun:
             spent = self.spent() if self.folder is not None else 0.0
             lines.append(f"| ε spent by this release | {spent:.4g} of budget {spec.budget:g} "
                          f"({spec.budget - spent:.4g} left) |")
+            if self.folder is not None:
+                lines.append(f"| guarantee | {gate_guarantee(spent, spec.validation.level)} |")
             if spec.population is not None:
                 lines.append(f"| population {spec.population.key} | {self._ledger_line()} |")
             if self.panel is not None:
@@ -341,7 +345,14 @@ class ReleaseRun:
         if err is not None:
             lines += ["", "## What failed", "", err.public.replace("\n", " "), "", "## Clean-up", ""]
             lines.append(f"- {'the release folder was published before the failure and stays (the audit vouches for it)' if self.folder is not None else 'nothing was published (the staging folder was removed)'}")
-            if spec is not None and spec.population is not None:
+            if spec is not None and spec.population is not None and err.kind == "ValidationGateFailed" \
+                    and self.folder is None:
+                level = spec.validation.level
+                lines.append(f"- ledger: the gate's refusal is charged (the refusal bit is published): ε = "
+                             f"ln(1/(1 − β)) = {gate_refusal_epsilon(level):.4g}, δ = β = {level:g}"
+                             if not any(u.startswith("ledger") for u in self.unrecorded) else
+                             "- ledger reservation NOT settled yet: the next run on this store settles it")
+            elif spec is not None and spec.population is not None:
                 lines.append(f"- ledger reservation {'settled at the ε spent' if self.folder is not None else 'cancelled'}"
                              if not any(u.startswith("ledger") for u in self.unrecorded) else
                              "- ledger reservation NOT settled yet: the next run on this store settles it")
@@ -357,6 +368,9 @@ class ReleaseRun:
         try:
             ledger, pop = ledger_for(self.spec), self.spec.population
             used, cap = ledger.spent(pop.key), ledger.cap(pop.key) or pop.cap
-            return f"ε {used:.4g} of cap {cap:g} spent or reserved ({max(cap - used, 0.0):.4g} left)"
+            line = f"ε {used:.4g} of cap {cap:g} spent or reserved ({max(cap - used, 0.0):.4g} left)"
+            from pram_lib.ops.ledger import population_summary
+
+            return f"{line}; {population_summary(self.spec).line()}"
         except Exception:
             return "ledger not readable"

@@ -127,11 +127,14 @@ def reserve_budget_task(spec: ReleaseSpec, run_id: str) -> float | None:
 
 
 @step("settle-budget", inline=True)
-def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None) -> None:
+def settle_budget_task(spec: ReleaseSpec, run_id: str, assignments, folder: Path | None,
+                       gate_refused: bool = False) -> None:
+    """The ledger's entry of the run: spent (published), refused by the validation gate (charged), or cancelled."""
     spent = sum(release.spent_by_variable(assignments).values()) if assignments and folder else None
     if spent is not None and spec.longitudinal is not None:   # charged per record, in the panel ledger
         spent = 0.0
-    ledger.settle_for(spec, run_id, spent, folder.name if folder else None)
+    recipe = release.privacy_recipe(assignments, spec.validation.level) if assignments and folder else None
+    ledger.settle_for(spec, run_id, spent, folder.name if folder else None, gate_refused, recipe)
 
 
 @step("finish-run", inline=True)

@@ -13,6 +13,7 @@ variable are disjoint, so a variable spends the largest ε among them).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -71,3 +72,26 @@ def spent_by_key(pairs) -> dict[str, float]:
         if isinstance(g, LDP):
             spent[key] = max(spent.get(key, 0.0), g.epsilon)
     return spent
+
+
+# -- the validation gate's selection (issue 30 item 3) ----------------------------------------------
+# A correct channel's output is refused by the gate with probability at most β (its family-wise level), so for
+# every data set the published-or-refused output is within β in total variation of the ungated channel's output.
+def gate_refusal_epsilon(level: float) -> float:
+    """ε of a refused attempt, which publishes only the refusal bit: P(pass) ∈ [1 − β, 1] under every data set,
+    so the attempt is (ln(1/(1 − β)), β)-DP."""
+    return -math.log1p(-level)
+
+
+def gated_delta(epsilon: float, level: float, channels_delta: float = 0.0) -> float:
+    """δ at `epsilon` of a release published through the gate: δ_channels(ε) + (1 + e^ε)·β (a TV distance β
+    moves each side of the hockey-stick divergence by at most β)."""
+    return channels_delta + (1.0 + math.exp(epsilon)) * level
+
+
+def gate_guarantee(epsilon: float, level: float) -> str:
+    """The release's guarantee in words: pure ε for the channels, (ε, δ) once the gate's selection is counted."""
+    delta = gated_delta(epsilon, level)
+    vacuous = "; at this ε the bound (1 + e^ε)·β is 1 or more and says nothing" if delta >= 1 else ""
+    return (f"pure ε = {epsilon:.4g} per record for the channels; with the gate's selection the release is "
+            f"(ε, δ) = ({epsilon:.4g}, {delta:.3g}) (δ from the gate's level β = {level:g}{vacuous})")

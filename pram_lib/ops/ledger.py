@@ -5,51 +5,81 @@ up. Before a release reads any data it *reserves* an upper bound on its ε; the 
 refused when it would take the population over its cap. A published release *settles* the
 reservation at the ε it really spent; a release that publishes nothing *cancels* it. A reservation
 of a run that was killed stays counted (fail-safe) until the run is recovered (see journal.py).
-Only differential-privacy ε is recorded: noise channels and public variables spend none.
+Only differential-privacy ε is recorded: noise channels and public variables spend none. A run the
+validation gate refused is *refused*: it published the refusal bit, which costs ε = ln(1/(1 − β)) (β the
+gate's level; pram_lib.core.guarantee), and counts; after `validation.max_refusals` of them a release is refused.
+
+ε is kept as whole pico-ε (integers of 10^-12 ε), so a cap is decided exactly: a spend's ε is taken at its
+shortest decimal form (Python's float repr, so a spec's 0.1 is exactly 10^11 units) and rounded up to the
+unit when it has more decimals (an ε computed from a log), a cap rounded down; the ledger never undercounts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
 import stat
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Iterator
 
+from pram_lib.core.guarantee import gate_refusal_epsilon
 from pram_lib.ops.audit import utc_now
 from pram_lib.ops.panel import PanelStore
 from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, release_home
 
 LEDGER_FILE = "ledger.sqlite"
-COUNTED = ("reserved", "spent")   # statuses that count against the cap
-ROUNDING = 1e-12   # the only excess over the cap admitted: floating-point rounding of the ε's (as pram_lib.spec)
+COUNTED = ("reserved", "spent", "refused")   # statuses that count against the cap
+UNITS_PER_EPSILON = 10 ** 12   # the ledger's unit: one pico-ε
+# A settled ε (computed from the channels' float matrices, 1.5000000000000004 for a stated 1.5, and summed in
+# floats) within this relative distance of its reservation is the reservation: floating-point rounding, not spending.
+FLOAT_ROUNDING = 1e-13
+
+
+def epsilon_units(epsilon: float, rounding: str = ROUND_CEILING) -> int:
+    """`epsilon` in whole pico-ε: exact for a decimal of at most 12 places (0.1 -> 10^11), else rounded up
+    (`rounding=ROUND_FLOOR` for a cap). decimal.Decimal of the float's repr: the shortest decimal that reads
+    back as the same float, i.e. what a spec wrote."""
+    return int((Decimal(repr(float(epsilon))) * UNITS_PER_EPSILON).to_integral_value(rounding=rounding))
+
+
+def units_epsilon(units: int) -> float:
+    return units / UNITS_PER_EPSILON
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS populations (
     key TEXT PRIMARY KEY,
-    cap REAL NOT NULL CHECK (cap > 0),
+    cap_units INTEGER NOT NULL CHECK (cap_units > 0),
     created TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS spends (
     run_id TEXT PRIMARY KEY,
     population TEXT NOT NULL REFERENCES populations(key),
     release TEXT NOT NULL,
-    epsilon REAL NOT NULL CHECK (epsilon >= 0),
-    status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled')),
+    epsilon_units INTEGER NOT NULL CHECK (epsilon_units >= 0),
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'spent', 'cancelled', 'refused')),
     reserved_at TEXT NOT NULL,
     settled_at TEXT,
-    folder TEXT
+    folder TEXT,
+    loss TEXT
 );
 CREATE INDEX IF NOT EXISTS spends_population ON spends(population);
 """
 
 
-LEDGER_TABLES = {"populations": ("key", "cap", "created"),
-                 "spends": ("run_id", "population", "release", "epsilon", "status", "reserved_at", "settled_at",
-                            "folder")}
+LEDGER_TABLES = {"populations": ("key", "cap_units", "created"),
+                 "spends": ("run_id", "population", "release", "epsilon_units", "status", "reserved_at",
+                            "settled_at", "folder", "loss")}
+# Ledgers written before ε was kept in units (REAL ε and cap): opened, and migrated in the first transaction.
+FLOAT_LEDGER_TABLES = {"populations": ("key", "cap", "created"),
+                       "spends": ("run_id", "population", "release", "epsilon", "status", "reserved_at",
+                                  "settled_at", "folder")}
+LEDGER_LAYOUTS = (LEDGER_TABLES, FLOAT_LEDGER_TABLES)
 REGISTRY_TABLES = {"populations": ("key", "ledger", "registered")}
 SQLITE_MAGIC = b"SQLite format 3\x00"   # the first 16 bytes of every SQLite database file
 
@@ -62,10 +92,11 @@ class StoreFileError(ValueError):
         super().__init__(f"{path}: not {role}: {found}; nothing was written to it")
 
 
-def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]]) -> None:
+def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]] | tuple[dict, ...]) -> None:
     """Before anything writes to `path`: it is absent, empty, or a SQLite database whose tables are `tables`
-    (a subset, each with exactly its columns), so that a ledger never opens an audit log, a registry or
-    another program's database. Raises StoreFileError."""
+    (a subset, each with exactly its columns; or those of one of several layouts), so that a ledger never
+    opens an audit log, a registry or another program's database. Raises StoreFileError."""
+    layouts = (tables,) if isinstance(tables, dict) else tables
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -88,7 +119,8 @@ def check_role(path: Path, role: str, tables: dict[str, tuple[str, ...]]) -> Non
             found = {n: tuple(r[1] for r in con.execute(f"PRAGMA table_info({n!r})")) for n in names}
     except (OSError, sqlite3.Error) as exc:
         raise StoreFileError(path, role, f"it cannot be read as a SQLite database ({exc})") from None
-    odd = sorted(n for n, cols in found.items() if tables.get(n) != cols)
+    odds = [sorted(n for n, cols in found.items() if layout.get(n) != cols) for layout in layouts]
+    odd = min(odds, key=len)
     if odd:
         raise StoreFileError(path, role, f"its table {odd[0]!r} (columns {', '.join(found[odd[0]])}) is not one "
                              f"of {role}'s")
@@ -99,11 +131,19 @@ class Spend:
     run_id: str
     population: str
     release: str
-    epsilon: float
+    units: int       # ε in pico-ε (UNITS_PER_EPSILON)
     status: str
     reserved_at: str
     settled_at: str | None
     folder: str | None
+    loss: str | None = None   # JSON list of what it released (`loss_of`); None: an ε-LDP bound at its ε
+
+    @property
+    def epsilon(self) -> float:
+        return units_epsilon(self.units)
+
+    def recipe(self) -> list[dict]:
+        return json.loads(self.loss) if self.loss else [{"ldp": self.epsilon}]
 
     def line(self) -> str:
         what = self.folder or self.run_id[:12]
@@ -122,13 +162,14 @@ class Ledger:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        check_role(self.path, "a population ledger", LEDGER_TABLES)
+        check_role(self.path, "a population ledger", LEDGER_LAYOUTS)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # private: created 0600
         with closing(sqlite3.connect(self.path, timeout=120, isolation_level=None)) as con:
             con.execute("PRAGMA busy_timeout = 120000")
             con.execute("BEGIN IMMEDIATE")
             try:
+                _migrate_float_ledger(con)
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     con.execute(stmt)
                 yield con
@@ -143,47 +184,83 @@ class Ledger:
         with self._tx() as con:
             return _history(con, population)
 
+    def spent_units(self, population: str) -> int:
+        return sum(s.units for s in self.history(population) if s.status in COUNTED)
+
     def spent(self, population: str) -> float:
-        return math.fsum(s.epsilon for s in self.history(population) if s.status in COUNTED)
+        return units_epsilon(self.spent_units(population))
 
     def fits(self, population: str, cap: float, epsilon: float) -> bool:
         """Whether `reserve` would accept `epsilon` now (its rule: `passes_cap`)."""
-        return not passes_cap([s.epsilon for s in self.history(population) if s.status in COUNTED], epsilon, cap)
+        return not passes_cap([s.units for s in self.history(population) if s.status in COUNTED], epsilon, cap)
+
+    def refusals(self, population: str, release: str) -> int:
+        """How many runs of `release` the validation gate refused (the reservation's `max_refusals` rule)."""
+        return sum(1 for s in self.history(population) if s.status == "refused" and s.release == release)
 
     def cap(self, population: str) -> float | None:
         if not self.path.exists():
             return None
         with self._tx() as con:
-            row = con.execute("SELECT cap FROM populations WHERE key = ?", (population,)).fetchone()
-        return None if row is None else float(row[0])
+            row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
+        return None if row is None else units_epsilon(row[0])
 
-    def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float) -> list[Spend]:
-        """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed."""
+    def reserve(self, population: str, cap: float, run_id: str, release: str, epsilon: float,
+                max_refusals: int | None = None, composed_cap: tuple[float, float] | None = None,
+                loss_bound: float | None = None, units: int | None = None) -> list[Spend]:
+        """Reserve `epsilon` for a run; raises OverCap (with the history) if the cap would be passed, TooManyRefusals
+        if `release` was refused by the gate `max_refusals` times already, OverComposedCap if `composed_cap`
+        (cap, δ) would be passed by the population's composed ε at δ with this release as an ε-LDP bound
+        (`loss_bound`, default `epsilon`). `units`: `epsilon` in pico-ε when the caller summed it exactly."""
+        units = epsilon_units(epsilon) if units is None else units
+        cap_units = epsilon_units(cap, ROUND_FLOOR)
         with self._tx() as con:
-            row = con.execute("SELECT cap FROM populations WHERE key = ?", (population,)).fetchone()
+            row = con.execute("SELECT cap_units FROM populations WHERE key = ?", (population,)).fetchone()
             if row is None:
-                con.execute("INSERT INTO populations VALUES (?, ?, ?)", (population, float(cap), utc_now()))
-            elif abs(float(row[0]) - cap) > 1e-12:
-                raise CapMismatch(population, float(row[0]), cap)
+                con.execute("INSERT INTO populations VALUES (?, ?, ?)", (population, cap_units, utc_now()))
+            elif row[0] != cap_units:
+                raise CapMismatch(population, units_epsilon(row[0]), cap)
             hist = _history(con, population)
-            counted = [s.epsilon for s in hist if s.status in COUNTED]
-            if passes_cap(counted, epsilon, cap):
-                raise OverCap(population, cap, math.fsum(counted), epsilon, hist)
-            con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL)",
-                        (run_id, population, release, float(epsilon), utc_now()))
+            refused = [s for s in hist if s.status == "refused" and s.release == release]
+            if max_refusals is not None and len(refused) >= max_refusals:
+                raise TooManyRefusals(population, release, refused)
+            counted = [s.units for s in hist if s.status in COUNTED]
+            if sum(counted) + units > cap_units:
+                raise OverCap(population, cap, units_epsilon(sum(counted)), epsilon, hist)
+            mine = [{"ldp": units_epsilon(epsilon_units(epsilon if loss_bound is None else loss_bound))}]
+            if composed_cap is not None:
+                now = composed(hist, composed_cap[1], mine)
+                if now.epsilon > composed_cap[0]:
+                    raise OverComposedCap(population, composed_cap, composed(hist, composed_cap[1]), now, hist)
+            con.execute("INSERT INTO spends VALUES (?, ?, ?, ?, 'reserved', ?, NULL, NULL, ?)",
+                        (run_id, population, release, units, utc_now(), json.dumps(mine)))
             return _history(con, population)
 
-    def settle(self, run_id: str, epsilon: float | None, folder: str) -> None:
-        """The run published `folder` spending `epsilon` (never more than it reserved; None: what it reserved)."""
+    def settle(self, run_id: str, epsilon: float | None, folder: str, recipe: list[dict] | None = None) -> None:
+        """The run published `folder` spending `epsilon` (never more than it reserved; None: what it reserved);
+        `recipe`: what it released (`loss_of`), replacing the reservation's ε-LDP bound."""
         with self._tx() as con:
-            row = con.execute("SELECT epsilon, status FROM spends WHERE run_id = ?", (run_id,)).fetchone()
+            row = con.execute("SELECT epsilon_units, status FROM spends WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 return
-            epsilon = row[0] if epsilon is None else epsilon
-            if epsilon > row[0] + ROUNDING:
-                raise RuntimeError(f"run {run_id} spent ε = {epsilon:.6g}, more than the {row[0]:.6g} it reserved")
-            con.execute("UPDATE spends SET epsilon = ?, status = 'spent', settled_at = ?, folder = ? "
-                        "WHERE run_id = ?", (float(epsilon), utc_now(), folder, run_id))
+            units = row[0] if epsilon is None else epsilon_units(epsilon)
+            if units > row[0] and math.isclose(epsilon, units_epsilon(row[0]), rel_tol=FLOAT_ROUNDING):
+                units = row[0]   # the channels' floating-point rounding, not spending
+            if units > row[0]:
+                raise RuntimeError(f"run {run_id} spent ε = {units_epsilon(units):.13g}, more than the "
+                                   f"{units_epsilon(row[0]):.13g} it reserved")
+            con.execute("UPDATE spends SET epsilon_units = ?, status = 'spent', settled_at = ?, folder = ?, "
+                        "loss = COALESCE(?, loss) WHERE run_id = ?",
+                        (units, utc_now(), folder, None if recipe is None else json.dumps(recipe), run_id))
+
+    def refuse(self, run_id: str, level: float) -> None:
+        """The validation gate (level β) refused the run: it published the refusal bit only, which costs
+        ε = ln(1/(1 − β)) (counted even when above what the run reserved: it was spent) and δ = β."""
+        with self._tx() as con:
+            con.execute("UPDATE spends SET epsilon_units = ?, status = 'refused', settled_at = ?, loss = ? "
+                        "WHERE run_id = ? AND status = 'reserved'",
+                        (epsilon_units(gate_refusal_epsilon(level)), utc_now(), json.dumps([{"refusal": level}]),
+                         run_id))
 
     def cancel(self, run_id: str) -> None:
         """The run published nothing: its reservation no longer counts."""
@@ -194,22 +271,111 @@ class Ledger:
                         "status = 'reserved'", (utc_now(), run_id))
 
 
-def passes_cap(counted: list[float], epsilon: float, cap: float) -> bool:
-    """Whether spends `counted` and `epsilon` together pass `cap`: their correctly rounded sum (math.fsum) is over
-    it by more than ROUNDING."""
-    return math.fsum([*counted, epsilon]) > cap + ROUNDING
+def passes_cap(counted_units: list[int], epsilon: float, cap: float) -> bool:
+    """Whether spends `counted_units` (pico-ε) and `epsilon` together pass `cap`, in exact integer arithmetic."""
+    return sum(counted_units) + epsilon_units(epsilon) > epsilon_units(cap, ROUND_FLOOR)
 
 
 def _history(con: sqlite3.Connection, population: str) -> list[Spend]:
-    rows = con.execute("SELECT run_id, population, release, epsilon, status, reserved_at, settled_at, folder "
-                       "FROM spends WHERE population = ? ORDER BY reserved_at, run_id", (population,)).fetchall()
+    rows = con.execute("SELECT run_id, population, release, epsilon_units, status, reserved_at, settled_at, folder, "
+                       "loss FROM spends WHERE population = ? ORDER BY reserved_at, run_id", (population,)).fetchall()
     return [Spend(*r) for r in rows]
+
+
+def _columns(con: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(r[1] for r in con.execute(f"PRAGMA table_info({table!r})"))
+
+
+def _migrate_float_ledger(con: sqlite3.Connection) -> None:
+    """A ledger of the float layout (FLOAT_LEDGER_TABLES) becomes the units layout, in the caller's transaction:
+    every ε rounded up to the unit, the cap rounded down (epsilon_units), so the migration never frees budget."""
+    if _columns(con, "spends") == FLOAT_LEDGER_TABLES["spends"]:
+        rows = con.execute("SELECT * FROM spends").fetchall()
+        con.execute("DROP TABLE spends")
+        con.execute(_SCHEMA.split(";")[1])
+        con.executemany("INSERT INTO spends VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                        [(*r[:3], epsilon_units(r[3]), *r[4:]) for r in rows])
+    if _columns(con, "populations") == FLOAT_LEDGER_TABLES["populations"]:
+        rows = con.execute("SELECT * FROM populations").fetchall()
+        con.execute("DROP TABLE populations")
+        con.execute(_SCHEMA.split(";")[0])
+        con.executemany("INSERT INTO populations VALUES (?, ?, ?)",
+                        [(k, epsilon_units(c, ROUND_FLOOR), t) for k, c, t in rows])
 
 
 class OverCap(Exception):
     def __init__(self, population: str, cap: float, total: float, epsilon: float, history: list[Spend]):
         self.population, self.cap, self.total, self.epsilon, self.history = population, cap, total, epsilon, history
         super().__init__(f"population {population!r}: ε {total:.4g} spent + {epsilon:.4g} > cap {cap:.4g}")
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A population's composed guarantee: ε at `delta` from composing the privacy-loss distributions of its counted
+    spends (`releases` published or in progress, `refusals` refused by the gate), and the gate's δ beside it:
+    (1 + e^ε)·Σβ over the published releases and refused attempts (each is within β in total variation of its
+    ungated counterpart, and total variation adds up over releases)."""
+
+    epsilon: float
+    delta: float
+    releases: int
+    refusals: int
+    gate_delta: float
+    pure: float    # the sum of ε
+
+    def line(self) -> str:
+        n = f"{self.releases} release{'s' if self.releases != 1 else ''}"
+        r = f" and {self.refusals} refused attempt{'s' if self.refusals != 1 else ''}" if self.refusals else ""
+        gate = (f"gate δ {self.gate_delta:.3g}" if self.gate_delta < 1 else
+                "gate δ ≥ 1 (the gate's bound (1 + e^ε)·Σβ says nothing at this ε)")
+        return f"sum of ε {self.pure:.4g}; composed over {n}{r}: (ε = {self.epsilon:.4g}, δ = {self.delta:.3g}) + {gate}"
+
+
+def loss_of(recipe: list[dict]):
+    """The privacy loss of one ledger entry's recipe (pram_lib.core.pld): channel matrices and ε-LDP bounds.
+    The gate's entries (`gate`: a published release's level β; `refusal`: a refused attempt's) carry no loss of
+    their own: each is within total variation β of its ungated counterpart (a refused attempt's: of a run that
+    always passes and publishes nothing), so they add to `Composed.gate_delta` instead. (Composing a refusal as
+    PrivacyLoss.for_refusal(β), (ln(1/(1 − β)), β)-DP, would put δ ≥ β into the composed δ: the composed ε at
+    δ = 10^-6 would be infinite after one refusal.)"""
+    from pram_lib.core.pld import PrivacyLoss, compose_all
+
+    parts = [PrivacyLoss.for_channel(x["matrix"], x.get("epsilon"), envelope=True) if "matrix" in x else
+             PrivacyLoss.for_ldp(x["ldp"]) for x in recipe if "matrix" in x or "ldp" in x]
+    return compose_all(parts) if parts else PrivacyLoss.for_ldp(0.0)   # nothing released: no loss
+
+
+def composed(history: list[Spend], delta: float, extra: list[dict] | None = None) -> Composed:
+    """The composed guarantee of the counted spends of `history` (and of `extra`, a release's recipe, if given)."""
+    from pram_lib.core.pld import compose_all
+
+    counted = [s for s in history if s.status in COUNTED]
+    recipes = [s.recipe() for s in counted] + ([extra] if extra is not None else [])
+    alike: dict[str, int] = {}   # releases of one spec publish alike: each kind composed with itself once
+    for r in recipes:
+        key = json.dumps(r, sort_keys=True)
+        alike[key] = alike.get(key, 0) + 1
+    eps = (compose_all([loss_of(json.loads(k)).self_compose(n) for k, n in alike.items()]).epsilon(delta)
+           if recipes else 0.0)
+    beta = sum(x.get("gate", 0.0) + x.get("refusal", 0.0) for r in recipes for x in r)
+    refusals = sum(1 for s in counted if s.status == "refused")
+    pure = units_epsilon(sum(s.units for s in counted) + (epsilon_units(sum(x.get("ldp", x.get("epsilon", 0.0))
+                                                                          for x in extra)) if extra else 0))
+    return Composed(eps, delta, len(recipes) - refusals, refusals, (1 + math.exp(eps)) * beta if beta else 0.0, pure)
+
+
+class OverComposedCap(Exception):
+    def __init__(self, population: str, cap: tuple[float, float], before: Composed, after: Composed,
+                 history: list[Spend]):
+        self.population, self.cap, self.before, self.after, self.history = population, cap, before, after, history
+        super().__init__(f"population {population!r}: composed ε {after.epsilon:.4g} at δ = {cap[1]:g} > cap {cap[0]:g}")
+
+
+class TooManyRefusals(Exception):
+    def __init__(self, population: str, release: str, refused: list[Spend]):
+        self.population, self.release, self.refused = population, release, refused
+        super().__init__(f"release {release!r} of population {population!r} was refused by the gate "
+                         f"{len(refused)} times")
 
 
 class CapMismatch(Exception):
@@ -289,7 +455,7 @@ def _registered(spec: ReleaseSpec, register: bool) -> Path:
                        "~/.pram-release), holding no other file named " + REGISTRY_FILE) from None
     if theirs is not None and theirs != mine:
         try:
-            check_role(theirs, "a population ledger", LEDGER_TABLES)
+            check_role(theirs, "a population ledger", LEDGER_LAYOUTS)
             state = "" if theirs.is_file() else " (that file does not exist now)"
         except StoreFileError as exc:
             state = f" (that file is not a ledger: {exc.found})"
@@ -307,7 +473,7 @@ def _checked(spec: ReleaseSpec, path: Path) -> Ledger:
     """The ledger at `path`, once it is known to be a ledger (absent, empty, or a SQLite file of the ledger's
     tables); else LedgerRefused at the spec field that names it."""
     try:
-        check_role(path, "a population ledger", LEDGER_TABLES)
+        check_role(path, "a population ledger", LEDGER_LAYOUTS)
     except StoreFileError as exc:
         named = spec.population is not None and spec.population.ledger is not None
         raise _refusal(spec, ("population", "ledger") if named else ("private_store",), str(exc), str(path),
@@ -334,7 +500,9 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     pop = spec.population
     if pop is None:
         return None
-    eps = ledger_bound(spec)
+    level = spec.validation.level   # a refusal by the gate is charged ln(1/(1 − β)): reserved at least that
+    units = max(bound_units(spec), epsilon_units(gate_refusal_epsilon(level)))
+    eps = units_epsilon(units)
     if spec.longitudinal is None and PanelStore(spec.resolve(spec.private_store), pop.key).exists():
         raise _refusal(spec, ("population", "key"), f"population {pop.key!r} is released with `longitudinal:` "
                        "(its ε is accounted per record); a release without it would bypass that ledger", pop.key,
@@ -342,7 +510,29 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     ledger = _checked(spec, ledger_path(spec))   # before the registry records it
     ledger = _checked(spec, _registered(spec, register=True))
     try:
-        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps)
+        ledger.reserve(pop.key, pop.cap, run_id, spec.release, eps, spec.validation.max_refusals,
+                       None if pop.cap_composed is None else (pop.cap_composed, pop.delta),
+                       spec.budget if spec.longitudinal is not None else None,   # per record: the budget bounds it
+                       units)
+    except OverComposedCap as exc:
+        lines = "\n".join("    " + s.line() for s in exc.history) or "    (no earlier releases)"
+        raise _refusal(spec, ("population", "cap_composed"), f"population {pop.key!r}: {exc.before.line()}; this "
+                       f"release (up to ε = {eps:.4g}) would make its composed ε {exc.after.epsilon:.4g} at δ = "
+                       f"{pop.delta:g}, over the composed cap {pop.cap_composed:g}. Refused before any data was "
+                       f"read. History:\n{lines}\n", pop.cap_composed,
+                       "lower the variables' levels, or release this population less often; the composed cap bounds "
+                       "every release of the population together") from None
+    except TooManyRefusals as exc:
+        lines = "\n".join("    " + s.line() for s in exc.refused)
+        raise _refusal(spec, ("validation", "max_refusals"), f"release {spec.release!r} of population {pop.key!r} "
+                       f"was refused by the validation gate {len(exc.refused)} times; a correct channel is refused "
+                       f"with probability at most β = {level:g} (the gate's level), so repeated refusals mean "
+                       f"something is wrong. Refused before any data was read. Refused attempts (each charged "
+                       f"ε = ln(1/(1 − β)) in the ledger):\n{lines}\n", spec.validation.max_refusals,
+                       "read the gate's failed checks in the refused runs' internal reports (private store): check "
+                       "that the source did not change between the profile and the perturbation, and that the "
+                       "channels are the ones the spec states (a channel bug); raise `validation.max_refusals` "
+                       "only once the cause is found") from None
     except CapMismatch as exc:
         raise _refusal(spec, ("population", "cap"), f"the ledger holds cap {exc.registered:g} for population "
                        f"{pop.key!r}; a spec cannot change it", pop.cap,
@@ -359,20 +549,44 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
     return eps
 
 
+def bound_units(spec: ReleaseSpec) -> int:
+    """`ledger_bound` in pico-ε, summed exactly: each variable's stated ε in units (0.1 + 0.2 is 0.3)."""
+    from pram_lib.families import family_of
+
+    if spec.longitudinal is not None or any(family_of(v).epsilon_from_data(v) for v in spec.variables):
+        return epsilon_units(ledger_bound(spec))
+    return sum(epsilon_units(family_of(v).static_epsilon(v)) for v in spec.variables)
+
+
 def _refusal(spec: ReleaseSpec, loc: tuple, problem: str, found, fix: str) -> LedgerRefused:
     e = spec.error(loc, problem, found, fix)
     return LedgerRefused(e.file, e.line, e.column, e.field, e.problem, e.found, e.fix)
 
 
-def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: str | None) -> None:
-    """Record what the run spent (it published `folder`), or cancel its reservation (it published nothing)."""
+def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: str | None,
+               gate_refused: bool = False, recipe: list[dict] | None = None) -> None:
+    """Record what the run spent (it published `folder`; `recipe`: its channels, for the composed accounting),
+    charge a refusal by the validation gate (`gate_refused`), or cancel its reservation (it published nothing,
+    for another reason)."""
     if spec.population is None:
         return
     ledger = ledger_for(spec)
-    if folder is None:
+    if folder is None and gate_refused:
+        ledger.refuse(run_id, spec.validation.level)
+    elif folder is None:
         ledger.cancel(run_id)
     else:
-        ledger.settle(run_id, epsilon, folder)
+        ledger.settle(run_id, epsilon, folder, recipe)
+
+
+def population_summary(spec: ReleaseSpec, extra: list[dict] | None = None) -> Composed:
+    """The population's sum of ε and composed (ε, δ) at `population.delta` (with `extra`, a release's recipe not
+    yet settled: its own entries in progress are then left out, as it replaces them)."""
+    ledger, pop = ledger_for(spec), spec.population
+    hist = ledger.history(pop.key)
+    if extra is not None:
+        hist = [s for s in hist if s.status != "reserved"]
+    return composed(hist, pop.delta, extra)
 
 
 def settle_recovered(store: Path, run: dict, folder: str | None) -> list[str]:

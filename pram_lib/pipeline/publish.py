@@ -15,7 +15,7 @@ import pandas as pd
 
 from pram_lib import __version__
 from pram_lib.core.codec import EntryError, decode_document
-from pram_lib.core.guarantee import NotDP
+from pram_lib.core.guarantee import NotDP, gate_guarantee
 from pram_lib.core.jsonable import to_json
 from pram_lib.core.quantile import z_value
 from pram_lib.families import REGISTRY, entry_of, family_of
@@ -366,6 +366,11 @@ def render_report(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.
           f"({max(spec.budget - total, 0):.4g} left). Variables compose sequentially (their ε add up); strata are "
           "disjoint, so a variable spends the largest ε among its strata; a differentially private prior "
           "adds its ε0.", ""]
+    L += [f"Validation gate: {gate_guarantee(total, spec.validation.level)}. A correct release is refused with "
+          "probability at most β, so publishing only what passes moves the output's distribution by at most β in "
+          "total variation: δ(ε) ≤ (1 + e^ε)·β. A refused attempt publishes only the refusal bit and is charged "
+          "ε = ln(1/(1 − β)), δ = β in the population's ledger.", ""]
+    L += population_section(spec, assignments)
     if any(a.prior.startswith("data") for a in assignments if not isinstance(a.guarantee, NotDP)):
         L += ["**Note:** where the prior is `data`, the optimal matrix was chosen from the raw frequencies of the "
               "source. The published matrix therefore depends on confidential data; the ε above covers the "
@@ -434,6 +439,26 @@ def audit_section(audit: list[dict] | None) -> list[str]:
 def _label(value) -> str:
     text = "(" + ", ".join(f"`{x}`" for x in value) + ")" if isinstance(value, list) else f"`{value}`"
     return text.replace("|", "\\|")
+
+
+def population_section(spec: ReleaseSpec, assignments: list[Assignment]) -> list[str]:
+    """The population's history with this release: the sum of ε, and the composed (ε, δ) of the privacy-loss
+    distributions of the channels released (pram_lib.ops.ledger.population_summary)."""
+    from pram_lib.ops.ledger import population_summary
+    from pram_lib.pipeline.release import privacy_recipe
+
+    pop = spec.population
+    if pop is None:
+        return []
+    summary = population_summary(spec, privacy_recipe(assignments, spec.validation.level))
+    out = [f"Population `{pop.key}` with this release: {summary.line()}. The composed ε composes the privacy-loss "
+           f"distributions of the channels actually released at the population's δ = {pop.delta:g}; the gate's δ is "
+           "(1 + e^ε)·Σβ over the published releases and the refused attempts (each within β in total variation of "
+           "its ungated counterpart)."]
+    if spec.longitudinal is not None:
+        out[0] += (" In a longitudinal population the composed figure is the worst record's: every release composed "
+                   "for every record (a record that paid nothing in a release is counted as if it had).")
+    return out + [""]
 
 
 def accuracy_section(spec: ReleaseSpec, assignments: list[Assignment], overall: pd.DataFrame) -> list[str]:

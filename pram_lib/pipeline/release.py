@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pram_lib.core.channel import Channel
 from pram_lib.core.guarantee import Public, spent_by_key
 from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,  # noqa: F401
                                  VariableProfile, from_release_scale, keyed_generator, stratum_label, to_release_scale)
@@ -112,6 +113,25 @@ def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
     so are variables the spec marks public (no privacy claimed; listed as unprotected).
     """
     return spent_by_key((a.column, a.guarantee) for a in assignments)
+
+
+MATRIX_LIMIT = 32   # categories up to which a channel's matrix is kept in the ledger (its exact privacy loss)
+
+
+def privacy_recipe(assignments: list[Assignment], level: float) -> list[dict]:
+    """What the release published, for the ledger's composed accounting (pram_lib.ops.ledger.loss_of): per DP
+    variable its channel's matrix (public: in channels.json) when it has one stratum, no DP prior and at most
+    MATRIX_LIMIT categories, else its ε (an ε-LDP bound); and the gate's level β."""
+    out: list[dict] = []
+    for column, eps in spent_by_variable(assignments).items():
+        mine = [a for a in assignments if a.column == column]
+        a = mine[0]
+        if (len(mine) == 1 and not a.prior_epsilon and isinstance(a.channel, Channel)
+                and len(a.channel.categories) <= MATRIX_LIMIT):   # a group's channel: its ε bound
+            out.append({"matrix": a.channel.matrix.tolist(), "epsilon": eps})
+        else:
+            out.append({"ldp": eps})
+    return out + [{"gate": level}]
 
 
 def public_variables(assignments: list[Assignment]) -> list[str]:

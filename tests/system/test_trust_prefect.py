@@ -175,7 +175,8 @@ def test_a_refused_release_fails_its_gate_task_with_a_failure_artifact(prefect_s
         (art,) = [a for a in arts if (a.key or "").endswith("-summary")]
     md = art.data
     assert md.startswith("# Refused: nothing published") and "| gate | REFUSED |" in md
-    assert "nothing was published" in md and "ledger reservation cancelled" in md and "audit entry written" in md
+    assert "nothing was published" in md and "audit entry written" in md
+    assert "ledger: the gate's refusal is charged" in md and "δ = β = 0.001" in md   # issue 30: not cancelled
     assert "validate" in md
 
 

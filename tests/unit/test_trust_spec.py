@@ -349,7 +349,8 @@ EPS = math.log(3) + 1.0
 
 
 def _pop_spec(folder: Path, store: str, **pop) -> Path:
-    d = synth.spec_dict(folder, variables=EXACT, population={"key": "people", "cap": 3 * EPS, **pop})
+    cap = 3 * math.ceil(EPS * 10 ** 12) / 10 ** 12   # three releases, each charged ε rounded up to the pico-ε
+    d = synth.spec_dict(folder, variables=EXACT, population={"key": "people", "cap": cap, **pop})
     d["private_store"] = store
     synth.make_source(folder / "src.csv")
     return write(folder, d, f"spec-{Path(store).name}.yaml")
