@@ -875,3 +875,13 @@ def named_private_store(spec_path: str | Path) -> Path | None:
         return None
     q = Path(store).expanduser()
     return q if q.is_absolute() else (path.resolve().parent / q).resolve()
+
+
+def bound_units(spec: ReleaseSpec) -> int:
+    """`ledger_bound` in pico-ε, summed exactly: each variable's stated ε in units (0.1 + 0.2 is 0.3)."""
+    from pram_lib.core.epsilon import epsilon_units
+    from pram_lib.families import family_of
+
+    if spec.longitudinal is not None or any(family_of(v).epsilon_from_data(v) for v in spec.variables):
+        return epsilon_units(ledger_bound(spec))
+    return sum(epsilon_units(family_of(v).static_epsilon(v)) for v in spec.variables)

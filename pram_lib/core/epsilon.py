@@ -5,6 +5,7 @@ and γ = e^ε (:func:`gamma_of`), computed here only."""
 from __future__ import annotations
 
 import math
+from decimal import ROUND_CEILING, Decimal
 
 import numpy as np
 
@@ -51,3 +52,17 @@ def _log_ratio(col_max: np.ndarray, col_min: np.ndarray) -> float:
     if not np.any(live):
         return 0.0
     return float(max(0.0, np.max(np.log(col_max[live]) - np.log(col_min[live]))))
+
+
+UNITS_PER_EPSILON = 10 ** 12   # the ledger's unit: one pico-ε
+
+
+def epsilon_units(epsilon: float, rounding: str = ROUND_CEILING) -> int:
+    """`epsilon` in whole pico-ε: exact for a decimal of at most 12 places (0.1 -> 10^11), else rounded up
+    (`rounding=ROUND_FLOOR` for a cap). decimal.Decimal of the float's repr: the shortest decimal that reads
+    back as the same float, i.e. what a spec wrote."""
+    return int((Decimal(repr(float(epsilon))) * UNITS_PER_EPSILON).to_integral_value(rounding=rounding))
+
+
+def units_epsilon(units: int) -> float:
+    return units / UNITS_PER_EPSILON

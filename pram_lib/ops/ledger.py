@@ -23,32 +23,21 @@ import sqlite3
 import stat
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_FLOOR
 from pathlib import Path
 from typing import Iterator
 
+from pram_lib.core.epsilon import UNITS_PER_EPSILON, epsilon_units, units_epsilon  # noqa: F401 - the ledger's unit
 from pram_lib.core.guarantee import gate_refusal_epsilon
 from pram_lib.ops.audit import utc_now
 from pram_lib.ops.panel import PanelStore
-from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, ledger_bound, release_home
+from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, bound_units, release_home  # noqa: F401 - bound_units: cli
 
 LEDGER_FILE = "ledger.sqlite"
 COUNTED = ("reserved", "spent", "refused")   # statuses that count against the cap
-UNITS_PER_EPSILON = 10 ** 12   # the ledger's unit: one pico-ε
 # A settled ε (computed from the channels' float matrices, 1.5000000000000004 for a stated 1.5, and summed in
 # floats) within this relative distance of its reservation is the reservation: floating-point rounding, not spending.
 FLOAT_ROUNDING = 1e-13
-
-
-def epsilon_units(epsilon: float, rounding: str = ROUND_CEILING) -> int:
-    """`epsilon` in whole pico-ε: exact for a decimal of at most 12 places (0.1 -> 10^11), else rounded up
-    (`rounding=ROUND_FLOOR` for a cap). decimal.Decimal of the float's repr: the shortest decimal that reads
-    back as the same float, i.e. what a spec wrote."""
-    return int((Decimal(repr(float(epsilon))) * UNITS_PER_EPSILON).to_integral_value(rounding=rounding))
-
-
-def units_epsilon(units: int) -> float:
-    return units / UNITS_PER_EPSILON
 
 
 _SCHEMA = """
@@ -547,15 +536,6 @@ def reserve_for(spec: ReleaseSpec, run_id: str) -> float | None:
                        "lower the variables' levels, or release this population less often; the cap bounds "
                        "every release of the population together") from None
     return eps
-
-
-def bound_units(spec: ReleaseSpec) -> int:
-    """`ledger_bound` in pico-ε, summed exactly: each variable's stated ε in units (0.1 + 0.2 is 0.3)."""
-    from pram_lib.families import family_of
-
-    if spec.longitudinal is not None or any(family_of(v).epsilon_from_data(v) for v in spec.variables):
-        return epsilon_units(ledger_bound(spec))
-    return sum(epsilon_units(family_of(v).static_epsilon(v)) for v in spec.variables)
 
 
 def _refusal(spec: ReleaseSpec, loc: tuple, problem: str, found, fix: str) -> LedgerRefused:
