@@ -8,7 +8,8 @@ uniform from a keyed pseudorandom function of (secret, record, variable, channel
 value gets its own permanent draw.
 
 The per-record ledger (`records.npy` beside the secret) keeps, per record, keyed hashes only: the record's tag,
-its cumulative ε, and per variable the pair tag (record, value) last released and every pair tag released
+its cumulative ε (in whole pico-ε, as the population ledger: integers, held exactly in float64 below 2^53, so a
+record's cap is decided exactly; an ε computed from a log is charged rounded up), and per variable the pair tag (record, value) last released and every pair tag released
 before. A record pays a variable's ε once per distinct value released for it; a record whose next new value
 would pass the population's cap has that variable released as missing (it pays nothing more).
 A release that changes few records appends only what it changed (`records.delta`: framed blocks, each with
@@ -27,6 +28,7 @@ import fcntl
 import json
 import os
 import secrets
+from decimal import ROUND_FLOOR
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +37,14 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from pram_lib.core.epsilon import UNITS_PER_EPSILON, epsilon_units
 from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
 SECRET_FILE, STATE_FILE, LOCK_FILE, DELTA_FILE = "secret.key", "records.npy", "lock", "records.delta"
 LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw format (read, then replaced)
 SECRET_BYTES = 32
-ROUNDING = 1e-12   # the only excess over the cap admitted (as the population ledger)
+PICO = float(UNITS_PER_EPSILON)   # the per-record ledger's unit: one pico-ε (pram_lib.core.epsilon)
 RECORD_TAG = tag_of("record")
 
 
@@ -59,7 +62,7 @@ class PanelState:
     a value."""
 
     records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, sorted
-    loss: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))      # cumulative ε per record
+    loss: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))      # cumulative pico-ε per record
     last: dict[str, np.ndarray] = field(default_factory=dict)     # variable -> last released pair tag (0: none)
     history: dict[str, np.ndarray] = field(default_factory=dict)  # variable -> pair tags released before that are
     #                                                                no longer a record's last, sorted
@@ -221,7 +224,7 @@ class PanelStore:
             arrays = read_ledger(path)
             head = json.loads(arrays.pop("header").item())
             names, channels = list(head["variables"]), list(head["channels"])
-            if head.get("format") != LEDGER_FORMAT or len(channels) != len(names):
+            if head.get("format") not in (LEDGER_FORMAT, FLOAT_LEDGER_FORMAT) or len(channels) != len(names):
                 raise ValueError("not a per-record ledger of this version")
             records, loss, table = arrays["records"], arrays["loss"], arrays["lasts"]
             if table.shape != (records.size, len(names)) or table.dtype != np.uint64 or not table.flags.c_contiguous:
@@ -231,6 +234,8 @@ class PanelStore:
                                dict(zip(names, map(str, channels))), int(head["releases"]))
             if records.dtype != np.uint64 or loss.dtype != np.float64 or loss.size != records.size:
                 raise ValueError("its arrays do not match")
+            if head["format"] == FLOAT_LEDGER_FORMAT:   # ε as floats: to pico-ε, rounded up (never undercounts)
+                state.loss = np.ceil(loss * PICO)
             if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
                 raise ValueError("its records are not sorted")
             blocks = [b for b in read_deltas(self.folder / DELTA_FILE)[0] if b.releases > state.releases]
@@ -246,7 +251,8 @@ class PanelStore:
                 names = [str(n) for n in z["variables"]]
                 if z["records"].size > 1 and not bool(np.all(z["records"][1:] > z["records"][:-1])):
                     raise ValueError("its records are not sorted")
-                state = PanelState(z["records"], z["loss"], {n: z[f"last_{j}"] for j, n in enumerate(names)},
+                state = PanelState(z["records"], np.ceil(z["loss"] * PICO),
+                                   {n: z[f"last_{j}"] for j, n in enumerate(names)},
                                    {n: z[f"history_{j}"] for j, n in enumerate(names)},
                                    dict(zip(names, (str(c) for c in z["channels"]))), int(z["releases"]))
                 if any(a.size != state.records.size for a in (state.loss, *state.last.values())):
@@ -288,7 +294,8 @@ class PanelStore:
         (self.folder / DELTA_FILE).unlink(missing_ok=True)   # included (a crash before this: its releases skip it)
 
 
-LEDGER_FORMAT = "pram-release per-record ledger 2"   # 1: records.npz
+LEDGER_FORMAT = "pram-release per-record ledger 3"   # 1: records.npz; 2: ε as floats (read, converted)
+FLOAT_LEDGER_FORMAT = "pram-release per-record ledger 2"
 LEDGER_ARRAYS = ("header", "records", "loss", "lasts")   # then history_j per variable
 
 
@@ -491,6 +498,18 @@ class Memo:
     fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
 
     @property
+    def cap_units(self) -> float:
+        return float(epsilon_units(self.cap, ROUND_FLOOR))
+
+    @property
+    def base_units(self) -> float:
+        return float(epsilon_units(self.base))
+
+    def units(self, variable: str) -> float:
+        """The variable's ε per distinct value in pico-ε (rounded up)."""
+        return float(epsilon_units(self.epsilon[variable]))
+
+    @property
     def charged(self) -> list[str]:
         """The variables the ledger accounts: those with an ε (noise is memoized too, but spends none)."""
         return [v for v, e in self.epsilon.items() if e > 0]
@@ -584,7 +603,7 @@ class Memo:
                                      {v: added_by[v] for v in self.charged})
         summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
                    "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),
-                   "largest_charge": float(paid.max()) if paid.size else 0.0,
+                   "largest_charge": float(paid.max()) / PICO if paid.size else 0.0,
                    "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if pos.size else 0.0, "cap": self.cap,
                    "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                    "channel_changed": sorted(v for v, fp in self.fingerprints.items()
@@ -600,8 +619,8 @@ class MemoChunk:
     def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, ledger_loss: np.ndarray,
                  start: int, lasts: dict[str, np.ndarray] | None = None):
         self.memo, self.rid, self.pos, self.rtag, self.start = memo, rid, pos, rtag, start
-        self.ledger_loss = ledger_loss     # each row's cumulative ε in the ledger read (0: a newcomer)
-        self.loss = memo.base + ledger_loss
+        self.ledger_loss = ledger_loss     # each row's cumulative pico-ε in the ledger read (0: a newcomer)
+        self.loss = memo.base_units + ledger_loss
         self.lasts = lasts or {}   # variable -> each row's last released pair tag (0: none), from the ledger
         self.charge = np.zeros(rid.size)
         self.known = pos >= 0
@@ -616,13 +635,13 @@ class MemoChunk:
         h = memo.prf.hashes(self.rid, tag_of("pair", variable, memo.fingerprints[variable]),
                             np.asarray(words).astype(np.int64, copy=False).view(np.uint64))
         self._hash[variable] = h
-        eps = memo.epsilon[variable]
         ok = np.ones(h.size, dtype=bool)
-        if eps <= 0:   # memoized, not accounted (a noise channel spends no ε)
+        if memo.epsilon[variable] <= 0:   # memoized, not accounted (a noise channel spends no ε)
             return ok
+        eps = memo.units(variable)
         last, new = memo.state.seen(variable, self.pos, h, self.lasts.get(variable))
         new &= live
-        ok = self.loss + eps <= memo.cap + ROUNDING
+        ok = self.loss + eps <= memo.cap_units   # whole pico-ε: exact
         ok |= ~new
         paid = new & ok
         np.add(self.loss, eps, out=self.loss, where=paid)
@@ -638,10 +657,10 @@ class MemoChunk:
         paid = np.flatnonzero(self.charge)
         self.out.charge = [_sparse(self.start, paid, self.charge)]
         if self.rid.size:   # as the ledger will hold it: its ε before, plus this release's charges
-            total = self.memo.base + (self.ledger_loss + self.charge)
-            smallest = min((e for e in self.memo.epsilon.values() if e > 0), default=0.0)
-            self.out.largest_loss = float(total.max())
-            self.out.at_cap = int((total + smallest > self.memo.cap + ROUNDING).sum()) if smallest else 0
+            total = self.memo.base_units + (self.ledger_loss + self.charge)
+            smallest = min((self.memo.units(v) for v in self.memo.charged), default=0.0)
+            self.out.largest_loss = float(total.max()) / PICO
+            self.out.at_cap = int((total + smallest > self.memo.cap_units).sum()) if smallest else 0
         return self.out
 
     def uniforms(self, variable: str, part: int = 0) -> np.ndarray:
