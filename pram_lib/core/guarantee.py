@@ -86,6 +86,8 @@ def gate_refusal_epsilon(level: float) -> float:
 def gated_delta(epsilon: float, level: float, channels_delta: float = 0.0) -> float:
     """δ at `epsilon` of a release published through the gate: δ_channels(ε) + (1 + e^ε)·β (a TV distance β
     moves each side of the hockey-stick divergence by at most β)."""
+    if epsilon > 700:   # e^ε overflows: the bound says nothing
+        return math.inf
     return channels_delta + (1.0 + math.exp(epsilon)) * level
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pram_lib.core.epsilon import UNITS_PER_EPSILON, epsilon_units, units_epsilon  # noqa: F401 - the ledger's unit
-from pram_lib.core.guarantee import gate_refusal_epsilon
+from pram_lib.core.guarantee import gate_refusal_epsilon, gated_delta
 from pram_lib.ops.audit import utc_now
 from pram_lib.ops.panel import PanelStore
 from pram_lib.spec import REGISTRY_FILE, ReleaseSpec, SpecError, bound_units, release_home  # noqa: F401 - bound_units: cli
@@ -311,13 +311,17 @@ class Composed:
     refusals: int
     gate_delta: float
     pure: float    # the sum of ε
+    per_record: bool = False   # the worst record's, from the per-record history (a longitudinal population)
+    beta: float = 0.0          # Σβ of the gate over the releases and refused attempts
 
     def line(self) -> str:
         n = f"{self.releases} release{'s' if self.releases != 1 else ''}"
         r = f" and {self.refusals} refused attempt{'s' if self.refusals != 1 else ''}" if self.refusals else ""
         gate = (f"gate δ {self.gate_delta:.3g}" if self.gate_delta < 1 else
                 "gate δ ≥ 1 (the gate's bound (1 + e^ε)·Σβ says nothing at this ε)")
-        return f"sum of ε {self.pure:.4g}; composed over {n}{r}: (ε = {self.epsilon:.4g}, δ = {self.delta:.3g}) + {gate}"
+        who = " for the worst record (per-record history)" if self.per_record else ""
+        return (f"sum of ε {self.pure:.4g}; composed over {n}{r}{who}: (ε = {self.epsilon:.4g}, δ = {self.delta:.3g})"
+                f" + {gate}")
 
 
 def loss_of(recipe: list[dict]):
@@ -350,7 +354,12 @@ def composed(history: list[Spend], delta: float, extra: list[dict] | None = None
     refusals = sum(1 for s in counted if s.status == "refused")
     pure = units_epsilon(sum(s.units for s in counted) + (epsilon_units(sum(x.get("ldp", x.get("epsilon", 0.0))
                                                                           for x in extra)) if extra else 0))
-    return Composed(eps, delta, len(recipes) - refusals, refusals, (1 + math.exp(eps)) * beta if beta else 0.0, pure)
+    return Composed(eps, delta, len(recipes) - refusals, refusals, gate_delta(eps, beta), pure, beta=beta)
+
+
+def gate_delta(epsilon: float, beta: float) -> float:
+    """The gate's δ beside a composed ε: (1 + e^ε)·Σβ (infinite once e^ε overflows: the bound says nothing)."""
+    return gated_delta(epsilon, beta) if beta else 0.0
 
 
 class OverComposedCap(Exception):
@@ -561,12 +570,57 @@ def settle_for(spec: ReleaseSpec, run_id: str, epsilon: float | None, folder: st
 
 def population_summary(spec: ReleaseSpec, extra: list[dict] | None = None) -> Composed:
     """The population's sum of ε and composed (ε, δ) at `population.delta` (with `extra`, a release's recipe not
-    yet settled: its own entries in progress are then left out, as it replaces them)."""
+    yet settled: its own entries in progress are then left out, as it replaces them). A longitudinal population
+    is accounted per record (`per_record`)."""
     ledger, pop = ledger_for(spec), spec.population
     hist = ledger.history(pop.key)
     if extra is not None:
         hist = [s for s in hist if s.status != "reserved"]
-    return composed(hist, pop.delta, extra)
+    whole = composed(hist, pop.delta, extra)
+    if spec.longitudinal is None:
+        return whole
+    largest = PanelStore(spec.resolve(spec.private_store), pop.key).largest()
+    bound = epsilon_units(pop.cap, ROUND_FLOOR) if largest is None else largest
+    if extra is not None:   # this release may add its ε to any record (its ledger not yet written): at most the cap
+        bound = min(bound + sum(epsilon_units(x.get("ldp", x.get("epsilon", 0.0))) for x in extra),
+                    epsilon_units(pop.cap, ROUND_FLOOR))
+    return per_record(hist, pop.delta, extra, bound, whole)
+
+
+def per_record(history: list[Spend], delta: float, extra: list[dict] | None, largest: int,
+               whole: Composed) -> Composed:
+    """The composed ε of the worst record of a longitudinal population, from its per-record history: a record
+    pays a variable's ε once per new value, and no record has paid more than `largest` pico-ε, so it paid for
+    variable v at most c_v = min(releases of v, ⌊largest / u_v⌋) times (u_v the least it paid for v once). Its
+    loss is dominated by composing, per variable, c_v copies of the variable's channel (its PLD when every
+    release used the same channel, else binary randomized response at its largest ε, which dominates every
+    ε-LDP channel). `whole` (every release composed for every record) is also an upper bound: the smaller is
+    reported. Entries written before the recipe named its variables cannot be split: then `whole` stands."""
+    from pram_lib.core.pld import PrivacyLoss, compose_all
+
+    recipes = [s.recipe() for s in history if s.status in COUNTED] + ([extra] if extra is not None else [])
+    by_variable: dict[str, list[dict]] = {}
+    for r in recipes:
+        for x in r:
+            if "matrix" in x or "ldp" in x:
+                if "variable" not in x:
+                    return whole
+                by_variable.setdefault(x["variable"], []).append(x)
+    parts = []
+    for entries in by_variable.values():
+        least = min(epsilon_units(x.get("ldp", x.get("epsilon", 0.0))) for x in entries)
+        times = len(entries) if least == 0 else min(len(entries), largest // least)
+        if times == 0:
+            continue
+        same = all(json.dumps(x, sort_keys=True) == json.dumps(entries[0], sort_keys=True) for x in entries)
+        loss = loss_of([entries[0]]) if same else PrivacyLoss.for_ldp(max(x.get("ldp", x.get("epsilon", 0.0))
+                                                                            for x in entries))
+        parts.append(loss.self_compose(times))
+    eps = compose_all(parts).epsilon(delta) if parts else 0.0
+    if eps >= whole.epsilon:
+        return whole
+    return Composed(eps, whole.delta, whole.releases, whole.refusals, gate_delta(eps, whole.beta), whole.pure,
+                    per_record=True, beta=whole.beta)
 
 
 def settle_recovered(store: Path, run: dict, folder: str | None) -> list[str]:

@@ -201,6 +201,20 @@ class PanelStore:
             os.fsync(f.fileno())
         return path.read_bytes()
 
+    def largest(self) -> int | None:
+        """The largest cumulative pico-ε of a record, from the headers alone (the ledger's arrays are not read);
+        None when the ledger does not say (none yet, or written before it kept the figure)."""
+        path = self.folder / STATE_FILE
+        if not path.is_file():
+            return None
+        try:
+            with open(path, "rb") as f:
+                head = json.loads(np.load(f, allow_pickle=False).item())
+            blocks = [b for b in read_deltas(self.folder / DELTA_FILE)[0] if b.releases > int(head["releases"])]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return blocks[-1].largest if blocks else head.get("largest")
+
     def exists(self) -> bool:
         return any((self.folder / f).is_file() for f in (STATE_FILE, LEGACY_STATE_FILE, SECRET_FILE))
 
@@ -280,7 +294,7 @@ class PanelStore:
         memory (no zip, no copy)."""
         names, table = last_pair_table(state)
         header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
-                  "releases": int(state.releases)}
+                  "releases": int(state.releases), "largest": largest_units(state)}
         arrays = [("header", np.array(json.dumps(header))), ("records", state.records), ("loss", state.loss),
                   ("lasts", table)] + [(f"history_{j}", state.history[n]) for j, n in enumerate(names)]
         tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
@@ -359,6 +373,12 @@ class DeltaBlock:
     variables: list[str]
     channels: dict[str, str]
     delta: PanelDelta
+    largest: int | None = None    # the ledger's largest cumulative pico-ε of a record after this block
+
+
+def largest_units(state: PanelState) -> int:
+    """The largest cumulative pico-ε of a record in the ledger (0 when empty)."""
+    return int(state.loss.max()) if state.loss.size else 0
 
 
 def append_delta(path: Path, end: int, state: PanelState, d: PanelDelta) -> None:
@@ -369,7 +389,8 @@ def append_delta(path: Path, end: int, state: PanelState, d: PanelDelta) -> None
 
     names = list(state.last)
     head = {"releases": int(state.releases), "variables": names,
-            "channels": [state.channels.get(n, "") for n in names]}   # as the whole ledger keeps them
+            "channels": [state.channels.get(n, "") for n in names],   # as the whole ledger keeps them
+            "largest": largest_units(state)}
     buf = io.BytesIO()
     for a in [np.array(json.dumps(head)), d.new_tags, d.tags, d.loss, d.lasts] + [d.added[n] for n in names]:
         np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
@@ -413,7 +434,7 @@ def read_deltas(path: Path) -> tuple[list[DeltaBlock], int]:
         names = list(head["variables"])
         arrays = [np.load(f, allow_pickle=False) for _ in range(4 + len(names))]
         blocks.append(DeltaBlock(int(head["releases"]), names, dict(zip(names, map(str, head["channels"]))),
-                                 PanelDelta(*arrays[:4], dict(zip(names, arrays[4:])))))
+                                 PanelDelta(*arrays[:4], dict(zip(names, arrays[4:]))), head.get("largest")))
         at += 48 + size
     return blocks, at
 

@@ -456,8 +456,9 @@ def population_section(spec: ReleaseSpec, assignments: list[Assignment]) -> list
            "(1 + e^ε)·Σβ over the published releases and the refused attempts (each within β in total variation of "
            "its ungated counterpart)."]
     if spec.longitudinal is not None:
-        out[0] += (" In a longitudinal population the composed figure is the worst record's: every release composed "
-                   "for every record (a record that paid nothing in a release is counted as if it had).")
+        out[0] += (" In a longitudinal population the composed figure is the worst record's, from the per-record "
+                   "ledger: a record pays a variable once per new value, so it is composed from how often the record "
+                   "that paid most can have paid for each variable (never more than every release composed).")
     return out + [""]
 
 

@@ -128,9 +128,9 @@ def privacy_recipe(assignments: list[Assignment], level: float) -> list[dict]:
         a = mine[0]
         if (len(mine) == 1 and not a.prior_epsilon and isinstance(a.channel, Channel)
                 and len(a.channel.categories) <= MATRIX_LIMIT):   # a group's channel: its ε bound
-            out.append({"matrix": a.channel.matrix.tolist(), "epsilon": eps})
+            out.append({"variable": column, "matrix": a.channel.matrix.tolist(), "epsilon": eps})
         else:
-            out.append({"ldp": eps})
+            out.append({"variable": column, "ldp": eps})
     return out + [{"gate": level}]
 
 

@@ -693,3 +693,41 @@ def test_a_records_cap_is_decided_exactly_in_pico_epsilon(tmp_path, alpha, cap, 
         assert summary["largest_loss"] <= cap
     assert blocked == [0] * paid + [len(df)] * (4 - paid)
     assert (losses(spec, df["person_id"]) == paid * units(alpha)).all()
+
+
+def _kary_rr_epsilon_at(eps: float, k: int, delta: float) -> float:
+    """ε at δ of one k-ary randomized response at ε, in closed form: for ε' < ε only the kept output contributes,
+    δ(ε') = p − e^ε' q (p = e^ε/(e^ε + k − 1), q = 1/(e^ε + k − 1)), so ε' = ln((p − δ)/q)."""
+    p, q = math.exp(eps) / (math.exp(eps) + k - 1), 1 / (math.exp(eps) + k - 1)
+    return math.log((p - delta) / q)
+
+
+@pytest.mark.parametrize("change", [False, True])
+def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_records(tmp_path, change):
+    """Issue 30 item 4: a longitudinal population's composed (ε, δ) comes from its per-record history. Three
+    releases of rr-uniform (γ = 4 on 4 sizes): when no record's value changes, every record paid once, so the
+    worst record's loss is one k-ary RR (closed form), far below three releases composed; when every record gets
+    a new size each time, the worst record paid three times and the figure is the three-fold composition."""
+    from pram_lib.ops.ledger import Ledger, ledger_path, population_summary
+
+    v = VARIABLES["rr-uniform"]
+    spec_path = spec_file(tmp_path, [v], cap=10.0)
+    df, eps, k = population(300), math.log(4.0), 4
+    keep = math.exp(eps) / (math.exp(eps) + k - 1)
+    matrix = [[keep if i == j else (1 - keep) / (k - 1) for j in range(k)] for i in range(k)]
+    for r in range(3):
+        if change:
+            df["size"] = DOMAINS["size"][r]
+        _, summary, spec = release_once(tmp_path, df, spec_path, seed=r)
+        ledger = Ledger(ledger_path(spec))
+        ledger.reserve("people", 10.0, f"run{r}", "panel", eps)
+        ledger.settle(f"run{r}", eps, f"folder{r}", [{"variable": "size", "matrix": matrix, "epsilon": eps},
+                                                      {"gate": 1e-3}])
+    got = population_summary(spec)
+    one = _kary_rr_epsilon_at(eps, k, 1e-6)
+    if change:
+        assert not got.per_record and got.epsilon > 2.5 * one   # every release composed: the whole figure
+    else:
+        assert got.per_record and one - 1e-9 <= got.epsilon <= one + 2e-4   # the grid rounds losses up by ≤ 1e-4
+        assert "worst record" in got.line()
+    assert abs(got.pure - 3 * eps) < 1e-9
