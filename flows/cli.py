@@ -414,9 +414,13 @@ def start_server(home: Path, port: int, timeout: float = 180) -> tuple[int | Non
     raise RuntimeError(f"prefect server not healthy after {timeout:.0f} s; see {home / 'server.log'}")
 
 
+def _home_flag(home: str) -> str:
+    return "" if home == ".prefect-home" else f" --home {home}"
+
+
 def start_file_server(home: Path, root: Path, port: int, timeout: float = 30) -> tuple[int | None, str]:
-    """Serve the public release folders under `root` read-only on 127.0.0.1 (the standard library's
-    `python -m http.server`, in a process of its own), so that the run summary's folder link opens in a browser:
+    """Serve the public release folders under `root` read-only on 127.0.0.1 (the standard library's http.server,
+    in a process of its own: `python -m pram_lib.pipeline.links`), so that the run summary's folder link opens in a browser:
     a page served over http may not link to file://. Returns (pid or None when one is already up, its URL)."""
     url = f"http://127.0.0.1:{port}/"
     if _serves(url):
@@ -424,8 +428,8 @@ def start_file_server(home: Path, root: Path, port: int, timeout: float = 30) ->
     root.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "files.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
-                             str(root)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "pram_lib.pipeline.links", str(port), str(root)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     (home / "files.pid").write_text(json.dumps({"pid": proc.pid, "port": port, "root": str(root)}))
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -453,7 +457,7 @@ def stop_file_server(home: Path) -> str | None:
     try:
         pid = int(json.loads(pid_file.read_text())["pid"])
         argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
-        ours = b"http.server" in argv and os.getpgid(pid) == pid
+        ours = b"pram_lib.pipeline.links" in argv and os.getpgid(pid) == pid
     except (OSError, ValueError, KeyError, TypeError):
         ours = False
     pid_file.unlink(missing_ok=True)
@@ -532,7 +536,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     pid, url = start_server(home, args.port)
     ui = url.removesuffix("/api")
     print(f"Prefect UI: {ui}  (API {url}; database {home / 'prefect.db'}"
-          f"{'' if pid is None else f'; pid {pid}, stop with: pram-release ui --stop'})")
+          f"{'' if pid is None else f'; pid {pid}, stop with: pram-release ui --stop' + _home_flag(args.home)})")
     print(f"export PREFECT_API_URL={url}")
     root = Path(args.releases).resolve()
     files_pid, files_url = start_file_server(home, root, args.files_port or args.port + 1)

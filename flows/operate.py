@@ -37,6 +37,15 @@ def _release_runs():
             ResourceSpecification({"prefect.resource.role": "flow", "prefect.resource.name": FLOW_NAME}))
 
 
+def span(window: timedelta) -> str:
+    """A window as a person reads it: 12 s, 45 min, 2 h 30 min."""
+    s = int(round(window.total_seconds()))
+    if s < 60:
+        return f"{s} s"
+    h, m = divmod(s // 60, 60)
+    return (f"{h} h" + (f" {m} min" if m else "")) if h else f"{m} min" + (f" {s % 60} s" if s % 60 else "")
+
+
 def automations(block_id, window: timedelta) -> list:
     """The three automations (not yet created)."""
     from prefect.automations import Automation
@@ -47,7 +56,7 @@ def automations(block_id, window: timedelta) -> list:
     runs, release = _release_runs()
     body = ("Release run {{ flow_run.name }} is {{ flow_run.state.name }}: {{ flow_run.state.message }}\n"
             "{{ flow_run|ui_url }}")
-    late_body = ("Release run {{ flow_run.name }} has not finished within " f"{window}" " of starting or being "
+    late_body = ("Release run {{ flow_run.name }} has not finished within " f"{span(window)}" " of starting or being "
                  "due (state {{ flow_run.state.name }}).\n{{ flow_run|ui_url }}")
     return [
         Automation(name=AUTOMATION_PREFIX + "release run failed", description="a release run failed or crashed",
@@ -57,7 +66,7 @@ def automations(block_id, window: timedelta) -> list:
                    actions=[SendNotification(block_document_id=block_id, subject="pram-release: a release failed",
                                              body=body)]),
         Automation(name=AUTOMATION_PREFIX + "release late",
-                   description=f"a release run not finished within {window} of being due or starting",
+                   description=f"a release run not finished within {span(window)} of being due or starting",
                    trigger=EventTrigger(match=runs, match_related=release, posture=Posture.Proactive, threshold=1,
                                         after={"prefect.flow-run.Late", "prefect.flow-run.Pending"}, expect=FINAL,
                                         for_each={"prefect.resource.id"}, within=window),

@@ -190,7 +190,8 @@ def _publish_artifacts(spec, assignments, report: str, overall, folder: Path) ->
     rows = variables_rows(spec, assignments, overall)
     post(create_table_artifact, key=f"{key}-variables", table=rows,
          description="Variables: channel, ε and γ as in the report, a DP prior's ε0, ε spent, MI, TVD")
-    post(create_link_artifact, key=f"{key}-folder", link=folder_link(folder), link_text=folder.name)
+    post(create_link_artifact, key=f"{key}-folder", link=folder_link(folder), link_text=folder.name,
+         description="The release folder (served read-only by `pram-release ui`, else its file:// address)")
 
 
 def variables_rows(spec, assignments, overall) -> list[dict]:

@@ -325,7 +325,7 @@ class ReleaseRun:
                  f"| release | {spec.release if spec else Path(self.spec_path).name} |",
                  f"| engine | {self.engine or '-'} |"]
         if self.folder is not None:
-            lines.append(f"| folder | [`{self.folder}`]({folder_link(self.folder)}) |")
+            lines.append(f"| folder | [{self.folder}]({folder_link(self.folder)}) |")
         if err is not None:
             lines.append(f"| failed step | {err.step or '-'} |")
         gate = self.record.get("validation_passed")

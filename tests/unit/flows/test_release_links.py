@@ -4,6 +4,7 @@ there; elsewhere it stays the folder's file:// address."""
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 
 from flows.cli import start_file_server, stop_file_server
@@ -33,7 +34,7 @@ def test_elsewhere_or_unserved_the_link_is_the_file_address(tmp_path):
 def test_the_file_server_serves_a_release_folder_and_stops(tmp_path):
     root, home = tmp_path / "releases", tmp_path / "home"
     (root / "r1").mkdir(parents=True)
-    (root / "r1" / "report.md").write_text("# Release r1\n")
+    (root / "r1" / "report.md").write_text("# Release r1: ε 1.0\n", encoding="utf-8")
     port = _free_port()
     pid, url = start_file_server(home, root, port)
     try:
@@ -41,8 +42,15 @@ def test_the_file_server_serves_a_release_folder_and_stops(tmp_path):
         link = folder_link(root / "r1", {RELEASES_URL_ENV: url, RELEASES_ROOT_ENV: str(root)})
         with urllib.request.urlopen(link, timeout=5) as r:
             assert "report.md" in r.read().decode()      # the folder's listing
-        with urllib.request.urlopen(link + "report.md", timeout=5) as r:
-            assert r.read().decode() == "# Release r1\n"
+        with urllib.request.urlopen(link + "report.md", timeout=5) as r:   # UTF-8, said so: ε reads right
+            assert r.read().decode() == "# Release r1: ε 1.0\n"
+            assert r.headers["Content-Type"] == "text/markdown; charset=utf-8"
+        request = urllib.request.Request(link + "report.md", data=b"x", method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=5)
+            raise AssertionError("the file server accepted a POST")
+        except urllib.error.HTTPError as exc:                          # read-only: GET and HEAD only
+            assert exc.code == 501
         assert start_file_server(home, root, port) == (None, url)   # already up: reused
     finally:
         said = stop_file_server(home)
