@@ -106,7 +106,7 @@ def write_results(n: int, runs: dict, base: float) -> None:
                      "What the memoized release adds: a keyed hash per record and per variable, the record's row, "
                      "cumulative epsilon and last pairs in the per-person ledger (one C pass, panel_lookup), the "
                      "Gamma noise drawn from keyed uniforms (Marsaglia-Tsang in C, gamma_keyed), and writing the "
-                     "ledger (raw .npy arrays, about 56 bytes per person) with fsync. Before these kernels (commit "
+                     "ledger (raw .npy arrays, about 56 bytes per person) with fsync; a later release appends only what it changed (records.delta: the second release here changes nothing and writes 2 KB). Before these kernels (commit "
                      "5341e1c), per 10^6-row chunk of the second release (cProfile, one core): Gamma noise 0.30 s "
                      "(0.08 s fresh), ledger positions 0.21 s, last-pair lookups 0.17 s, keyed hashes 0.18 s; a "
                      "plain chunk takes 0.3 s in all; settling the ledger about 0.5 s per 10^6 records.",
