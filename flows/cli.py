@@ -404,14 +404,20 @@ def start_server(home: Path, port: int, timeout: float = 180) -> tuple[int | Non
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     (home / "server.pid").write_text(json.dumps({"pid": proc.pid, "port": port}))  # `ui --stop` checks both
+    _wait_until_up(proc, lambda: _healthy(port), timeout, 1.0, "prefect server", home / "server.log")
+    return proc.pid, url
+
+
+def _wait_until_up(proc: subprocess.Popen, up, timeout: float, poll: float, what: str, log: Path) -> None:
+    """Wait until `up()` (a started server answers); raise naming its log if it exits or times out first."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if _healthy(port):
-            return proc.pid, url
+        if up():
+            return
         if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited early; see {home / 'server.log'}")
-        time.sleep(1)
-    raise RuntimeError(f"prefect server not healthy after {timeout:.0f} s; see {home / 'server.log'}")
+            raise RuntimeError(f"{what} exited early; see {log}")
+        time.sleep(poll)
+    raise RuntimeError(f"{what} did not answer after {timeout:.0f} s; see {log}")
 
 
 def _home_flag(home: str) -> str:
@@ -420,8 +426,8 @@ def _home_flag(home: str) -> str:
 
 def start_file_server(home: Path, root: Path, port: int, timeout: float = 30) -> tuple[int | None, str]:
     """Serve the public release folders under `root` read-only on 127.0.0.1 (the standard library's http.server,
-    in a process of its own: `python -m pram_lib.pipeline.links`), so that the run summary's folder link opens in a browser:
-    a page served over http may not link to file://. Returns (pid or None when one is already up, its URL)."""
+    in a process of its own: `python -m pram_lib.pipeline.links`), so that the run summary's folder link opens
+    in a browser: a page served over http may not link to file://. Returns (pid or None when one is already up, its URL)."""
     url = f"http://127.0.0.1:{port}/"
     if _serves(url):
         return None, url
@@ -431,14 +437,8 @@ def start_file_server(home: Path, root: Path, port: int, timeout: float = 30) ->
     proc = subprocess.Popen([sys.executable, "-m", "pram_lib.pipeline.links", str(port), str(root)], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     (home / "files.pid").write_text(json.dumps({"pid": proc.pid, "port": port, "root": str(root)}))
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if _serves(url):
-            return proc.pid, url
-        if proc.poll() is not None:
-            raise RuntimeError(f"the release file server exited early; see {home / 'files.log'}")
-        time.sleep(0.2)
-    raise RuntimeError(f"the release file server did not answer after {timeout:.0f} s; see {home / 'files.log'}")
+    _wait_until_up(proc, lambda: _serves(url), timeout, 0.2, "the release file server", home / "files.log")
+    return proc.pid, url
 
 
 def _serves(url: str) -> bool:
