@@ -518,6 +518,9 @@ class PanelChunk:
 def _joined(parts: list[Sparse], dtype) -> Sparse:
     if not parts:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
+    ends = [r + x.size if isinstance(r, (int, np.integer)) else None for r, x in parts]
+    if all(e is not None for e in ends) and all(parts[i + 1][0] == ends[i] for i in range(len(parts) - 1)):
+        return np.arange(parts[0][0], ends[-1]), np.concatenate([x for _, x in parts])   # every row of a run
     return (np.concatenate([np.arange(r, r + x.size) if isinstance(r, (int, np.integer)) else r for r, x in parts]),
             np.concatenate([x for _, x in parts]))
 
@@ -587,7 +590,7 @@ class Memo:
                              "it is a statistic of the source): a longitudinal release has one row per person")
         ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
         m, n = old.records.size, old.records.size + ins.size
-        records = np.insert(old.records, ins, newcomers) if ins.size else old.records
+        records = newcomers if not m else np.insert(old.records, ins, newcomers) if ins.size else old.records
         if ins.size:   # every row's record in the new ledger
             if m:      # an old row moves down by the newcomers inserted before it (a prefix count)
                 moved_by = np.cumsum(np.bincount(ins, minlength=m + 1)[:m])
