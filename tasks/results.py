@@ -37,28 +37,25 @@ def stage_task(spec: ReleaseSpec) -> publish.Stage:
 def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.ChunkResult, stage: publish.Stage,
                   helpers: sidecar.Helpers | None = None):
     """estimates.csv, (curves, summary, tables) from the released counts, power sums and row sample, and the
-    report's plot files: the plots are drawn in a helper process while this step estimates, and collected
-    before it ends."""
+    report's plot files: half of the plots are drawn in a helper process while this step estimates and draws the
+    other half, and collected before it ends."""
     level = spec.confidence
     helpers = helpers or sidecar.Helpers(enabled=False)
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
     first, second = _plot_halves(estimates, noisy=any(family_of(v).adds_noise for v in spec.variables))
-    plots = [helpers.submit(publish.draw_plots, stage, first, None, None, level)]   # while the curves come
-    if not second.empty:
-        plots.append(helpers.submit(publish.draw_plots, stage, second, None, None, level))
+    job = helpers.submit(publish.draw_plots, stage, first, None, None, level)   # while the rest is done here
     curves, summary = stream.continuous_totals(plan, totals, level)
-    if not curves.empty:
-        values = totals.sample[list(curves["variable"].unique())]
-        plots.append(helpers.submit(publish.draw_plots, stage, None, curves, values, level))
     tables = stream.group_tables_totals(plan, totals, level)
-    plot_files = [name for job in plots for name in sidecar.collect(job, "the report's plots")]
+    values = totals.sample[list(curves["variable"].unique())] if not curves.empty else None
+    here = publish.draw_plots(stage, None if second.empty else second, curves, values, level)
+    plot_files = sidecar.collect(job, "the report's plots") + here
     return estimates, (curves, summary, tables), plot_files
 
 
 def _plot_halves(estimates, noisy: bool):
-    """The categorical plots in two parts (two jobs, so that the first is drawn while the curves are
-    estimated), in the report's order; with continuous
-    variables the second part is smaller (their plots, about twice as costly, follow it once the curves are in)."""
+    """The categorical plots in two parts, in the report's order: the first for the helper, the second for this
+    process, which also draws the continuous variables' plots (about twice as costly each), so its part is then
+    smaller."""
     names = list(dict.fromkeys(estimates["variable"])) if not estimates.empty else []
     if not names:
         return estimates, estimates
