@@ -352,7 +352,7 @@ def read_ledger(path: Path) -> dict[str, np.ndarray]:
             shape, fortran, dtype = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)
             count = int(np.prod(shape, dtype=np.int64))
             if dtype.hasobject or fortran or f.tell() + count * dtype.itemsize > size:
-                raise ValueError(f"its array {name} is not a plain array of numbers")
+                raise ValueError(f"its array {name} is cut short or not an array of numbers")
             out[name] = np.frombuffer(mapped, dtype=dtype, count=count, offset=f.tell()).reshape(shape)
             f.seek(count * dtype.itemsize, os.SEEK_CUR)
         if f.read(1):

@@ -499,7 +499,10 @@ def test_the_ledger_file_round_trips_owner_only_and_a_damaged_one_is_refused(tmp
     for v in ("a", "b"):
         assert np.array_equal(back.last[v], state.last[v]) and np.array_equal(back.history[v], state.history[v])
     whole = path.read_bytes()
-    for damaged in (whole[:-9], whole + b"\0"):
+    back.loss[:] += 1.0          # the arrays read map the file copy-on-write: changed here, never on disk
+    back.last["a"][:] = 7
+    assert path.read_bytes() == whole
+    for damaged in (whole[:-9], whole + b"\0", whole[:len(whole) // 2], whole[:200], b""):
         path.write_bytes(damaged)
         with pytest.raises(panel.PanelError, match=r"records\.npy: the per-record ledger cannot be read.*restore"):
             store.load()
