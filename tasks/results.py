@@ -42,7 +42,7 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
     level = spec.confidence
     helpers = helpers or sidecar.Helpers(enabled=False)
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
-    first, second = _plot_halves(estimates, noisy=any(family_of(v).adds_noise for v in spec.variables))
+    first, second = _plot_halves(estimates, [v.column for v in spec.variables if family_of(v).adds_noise])
     job = helpers.submit(publish.draw_plots, stage, first, None, None, level)   # while the rest is done here
     curves, summary = stream.continuous_totals(plan, totals, level)
     tables = stream.group_tables_totals(plan, totals, level)
@@ -52,16 +52,18 @@ def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.
     return estimates, (curves, summary, tables), plot_files
 
 
-def _plot_halves(estimates, noisy: bool):
+def _plot_halves(estimates, noisy: list[str]):
     """The categorical plots in two parts, in the report's order: the first for the helper, the second for this
-    process, which also draws the continuous variables' plots (about twice as costly each), so its part is then
-    smaller."""
+    process, which also draws the plots of the `noisy` (continuous) variables, about twice as costly each, so its
+    part is then smaller. Names whose file names differ only in case are drawn by one process, which gives the
+    second its hashed name (the two processes draw at once)."""
     names = list(dict.fromkeys(estimates["variable"])) if not estimates.empty else []
     if not names:
         return estimates, estimates
     cut = min(len(names), (len(names) + (2 if noisy else 0) + 1) // 2)
-    stems = [figures.file_stem(n).lower() for n in names]   # a case-only clash of file names: one part
-    rows = estimates["variable"].isin([n for n, stem in zip(names, stems) if stem in set(stems[:cut])])
+    stems = [figures.file_stem(n).lower() for n in names]
+    here = {figures.file_stem(n).lower() for n in noisy} | set(stems[cut:])
+    rows = estimates["variable"].isin([n for n, stem in zip(names, stems) if stem not in here])
     return estimates[rows], estimates[~rows]
 
 
