@@ -300,9 +300,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: no Prefect server answers at PREFECT_API_URL={api}. Fix: start one with `pram-release ui` "
               "(and export the URL it prints), or unset PREFECT_API_URL for a temporary server", file=sys.stderr)
         return 2
+    from flows.interrupt import interrupts_end_the_run
     from pram_lib.pipeline import sidecar
 
-    with sidecar.started_ahead():   # the helper imports GX while this process imports Prefect
+    with interrupts_end_the_run(), sidecar.started_ahead():   # the helper imports GX while this imports Prefect
         return _run(spec, args)
 
 

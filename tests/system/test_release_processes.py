@@ -1,6 +1,6 @@
 """A release's helper processes in a real run: a helper killed mid-release fails the run with a clear error,
 publishes nothing and cancels the ε reservation; Ctrl-C (SIGINT) to `pram-release run` ends the run, cleaned
-up, and leaves no helper process behind."""
+up, and leaves no helper process behind; a second Ctrl-C exits at once and the next run finishes the clean-up."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
 import pytest
 
 import synth
+from flows import interrupt
 from pram_lib.ops.ledger import Ledger
 from pram_lib.pipeline import sidecar
 from pram_lib.pipeline.publish import draw_plots
@@ -74,15 +76,54 @@ def test_ctrl_c_ends_a_run_cleaned_up_with_no_helper_left(prefect_server, tmp_pa
     helpers = psutil.Process(run.pid).children(recursive=True)
     assert helpers, "no helper process was started"
     run.send_signal(signal.SIGINT)
-    try:
+    try:   # the CLI's own bound: 60 s after Ctrl-C it prints its threads' stacks and exits (flows/interrupt.py)
         text, _ = run.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         run.kill()
-        pytest.fail("the run did not end after SIGINT")
-    assert run.returncode == 130 and "interrupted: the run stopped and was cleaned up" in text, text[-2000:]
-    assert "Traceback" not in text
+        pytest.fail(f"the run did not end after SIGINT:\n{run.communicate()[0][-6000:]}")
+    assert run.returncode == 130 and "interrupted: the run stopped and was cleaned up" in text, text[-6000:]
+    if interrupt.HUNG in text:   # cleaned up, then stuck in a library on its way out: ended by the grace period
+        warnings.warn(f"the interrupted run's exit hung; its stacks:\n{text[text.index(interrupt.HUNG):][:6000]}")
+    assert "Traceback" not in text, text[-6000:]
     assert not list(out.iterdir()), text[-2000:]   # nothing published, the staging folder removed
     assert _audit(tmp_path)[-1]["event"] == "release-failed"
     assert [s.status for s in _ledger(tmp_path, "synth-ctrl-c")] == ["cancelled"]
     _, alive = psutil.wait_procs(helpers, timeout=10)
     assert not alive, f"helper processes left running: {alive}"
+
+
+def test_a_second_ctrl_c_exits_at_once_and_the_next_run_finishes_the_clean_up(prefect_server, tmp_path):
+    synth.make_source(tmp_path / "src.csv", n=300_000)
+    spec = synth.write_spec(tmp_path, population={"key": "synth-ctrl-c-twice", "cap": 100.0},
+                            engine={"mode": "stream", "chunk_rows": 2_000})
+    env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT)}
+    env.pop("PRAM_NO_SIDECAR", None)
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--seed", "5"]
+    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = tmp_path / "releases"
+    deadline = time.monotonic() + 240
+    while not (out.is_dir() and any(out.iterdir())):
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.02)
+    helpers = psutil.Process(run.pid).children(recursive=True)
+    # Ctrl-C every 50 ms until it ends: signals sent at once are merged into one; the first interrupt's clean-up
+    # (its audit entry and ledger through Prefect's tasks) takes several times longer than 50 ms.
+    for _ in range(2400):
+        run.send_signal(signal.SIGINT)
+        try:
+            text, _ = run.communicate(timeout=0.05)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+    else:
+        run.kill()
+        pytest.fail(f"the run did not end after 2 minutes of SIGINTs:\n{run.communicate()[0][-6000:]}")
+    assert run.returncode == 130 and interrupt.FORCED in text, text[-6000:]
+    assert "Traceback" not in text, text[-6000:]
+    assert [s.status for s in _ledger(tmp_path, "synth-ctrl-c-twice")] == ["reserved"]   # left to the next run
+    _, alive = psutil.wait_procs(helpers, timeout=10)
+    assert not alive, f"helper processes left running: {alive}"
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert [s.status for s in _ledger(tmp_path, "synth-ctrl-c-twice")] == ["cancelled", "spent"]
+    assert [p.name for p in out.iterdir()] == [Path(again.stdout.split("release: ")[1].split()[0]).name]

@@ -610,7 +610,13 @@ def test_failing_runs_persist_nothing_confidential_in_prefect(prefect_server, fa
                "seed": _forms(SEED_CALLER), "traceback": ["Traceback", 'File "/']}
     found = [(where, kind, n) for where, text in places.items() for kind, ns in needles.items() for n in ns
              if n in text]
-    assert not found
+    assert not found, "\n\n".join(f"{where} ({kind}): ...{_around(places[where], n)}..." for where, kind, n in found)
+
+
+def _around(text: str, needle: str, width: int = 1500) -> str:
+    """Where the first `needle` is in `text`, with what precedes and follows it (to say which run put it there)."""
+    at = text.index(needle)
+    return text[max(0, at - width):at + width]
 
 
 def test_a_refused_gate_tells_the_ui_which_checks_failed_not_their_source_statistics(prefect_server, failed_runs):
