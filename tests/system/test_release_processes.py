@@ -60,20 +60,27 @@ def test_a_helper_killed_mid_release_fails_the_run_and_cancels_the_reservation(p
     assert [s.status for s in _ledger(tmp_path, "synth-helper-killed")] == ["cancelled"]
 
 
-def test_ctrl_c_ends_a_run_cleaned_up_with_no_helper_left(prefect_server, tmp_path):
-    synth.make_source(tmp_path / "src.csv", n=300_000)
-    spec = synth.write_spec(tmp_path, population={"key": "synth-ctrl-c", "cap": 100.0},
+def _run_until_staged(server: dict, folder: Path, population: str) -> tuple[list[str], dict, subprocess.Popen, list]:
+    """`pram-release run` (command, environment) of a 300,000-row source in chunks of 2,000 rows, started and
+    watched until its staging folder exists (its helper has started then); its helper processes."""
+    synth.make_source(folder / "src.csv", n=300_000)
+    spec = synth.write_spec(folder, population={"key": population, "cap": 100.0},
                             engine={"mode": "stream", "chunk_rows": 2_000})
-    env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PREFECT_API_URL": server["url"], "PYTHONPATH": str(ROOT)}
     env.pop("PRAM_NO_SIDECAR", None)
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec), "--seed", "5"], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = tmp_path / "releases"
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--seed", "5"]
+    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = folder / "releases"
     deadline = time.monotonic() + 240   # guards only: the run is interrupted mid-pass, not timed
-    while not (out.is_dir() and any(out.iterdir())):   # the staging folder: the helper has started
+    while not (out.is_dir() and any(out.iterdir())):
         assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
         time.sleep(0.02)
-    helpers = psutil.Process(run.pid).children(recursive=True)
+    return command, env, run, psutil.Process(run.pid).children(recursive=True)
+
+
+def test_ctrl_c_ends_a_run_cleaned_up_with_no_helper_left(prefect_server, tmp_path):
+    _, _, run, helpers = _run_until_staged(prefect_server, tmp_path, "synth-ctrl-c")
+    out = tmp_path / "releases"
     assert helpers, "no helper process was started"
     run.send_signal(signal.SIGINT)
     try:   # the CLI's own bound: 60 s after Ctrl-C it prints its threads' stacks and exits (flows/interrupt.py)
@@ -93,19 +100,8 @@ def test_ctrl_c_ends_a_run_cleaned_up_with_no_helper_left(prefect_server, tmp_pa
 
 
 def test_a_second_ctrl_c_exits_at_once_and_the_next_run_finishes_the_clean_up(prefect_server, tmp_path):
-    synth.make_source(tmp_path / "src.csv", n=300_000)
-    spec = synth.write_spec(tmp_path, population={"key": "synth-ctrl-c-twice", "cap": 100.0},
-                            engine={"mode": "stream", "chunk_rows": 2_000})
-    env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT)}
-    env.pop("PRAM_NO_SIDECAR", None)
-    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--seed", "5"]
-    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command, env, run, helpers = _run_until_staged(prefect_server, tmp_path, "synth-ctrl-c-twice")
     out = tmp_path / "releases"
-    deadline = time.monotonic() + 240
-    while not (out.is_dir() and any(out.iterdir())):
-        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
-        time.sleep(0.02)
-    helpers = psutil.Process(run.pid).children(recursive=True)
     # Ctrl-C every 50 ms until it ends: signals sent at once are merged into one; the first interrupt's clean-up
     # (its audit entry and ledger through Prefect's tasks) takes several times longer than 50 ms.
     for _ in range(2400):
