@@ -38,6 +38,7 @@ def answer_when_paused(answer: dict | None, seen: dict) -> threading.Thread:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
+    from prefect.exceptions import PrefectHTTPStatusError
     from prefect.flow_runs import resume_flow_run
     from prefect.input.run_input import keyset_from_paused_state
 
@@ -50,9 +51,16 @@ def answer_when_paused(answer: dict | None, seen: dict) -> threading.Thread:
                 if runs:
                     run = runs[0]
                     keys = keyset_from_paused_state(run.state)
+                    try:   # Prefect pauses the run first and saves the form's schema and description just after
+                        description = client.read_flow_run_input(run.id, keys["description"])
+                        schema = client.read_flow_run_input(run.id, keys["schema"])
+                    except PrefectHTTPStatusError as exc:
+                        if exc.response.status_code != 404:
+                            raise
+                        time.sleep(0.5)
+                        continue
                     seen["flow_run_id"] = run.id
-                    seen["description"] = json.loads(client.read_flow_run_input(run.id, keys["description"]))
-                    seen["schema"] = json.loads(client.read_flow_run_input(run.id, keys["schema"]))
+                    seen["description"], seen["schema"] = json.loads(description), json.loads(schema)
                     if answer is not None:
                         resume_flow_run(run.id, run_input=answer)
                     return
