@@ -25,11 +25,17 @@ class Exits:
         self.done.set()
 
 
-def test_first_interrupt_raises_and_a_second_exits_at_once(capfd):
+def _interrupted(grace: float) -> tuple[InterruptHandler, Exits]:
+    """A handler (exiting into an Exits) after its first Ctrl-C, which landed in the project's code and raised."""
     exits = Exits()
-    handler = InterruptHandler(grace=3600, exit=exits)
+    handler = InterruptHandler(grace=grace, exit=exits)
     with pytest.raises(KeyboardInterrupt):
         handler(signal.SIGINT, _frame_of("pram_lib.pipeline.stream"))
+    return handler, exits
+
+
+def test_first_interrupt_raises_and_a_second_exits_at_once(capfd):
+    handler, exits = _interrupted(grace=3600)
     assert exits.codes == [] and handler.timer.is_alive()
     handler(signal.SIGINT, _frame_of("pram_lib.pipeline.stream"))
     assert exits.codes == [130]
@@ -38,10 +44,7 @@ def test_first_interrupt_raises_and_a_second_exits_at_once(capfd):
 
 
 def test_a_hung_clean_up_prints_the_stacks_and_exits(capfd):
-    exits = Exits()
-    handler = InterruptHandler(grace=0.05, exit=exits)
-    with pytest.raises(KeyboardInterrupt):
-        handler(signal.SIGINT, _frame_of("pram_lib.pipeline.stream"))
+    _, exits = _interrupted(grace=0.05)
     assert exits.done.wait(30)
     assert exits.codes == [130]
     err = capfd.readouterr().err
