@@ -82,9 +82,9 @@ def _release(run: ReleaseRun, spec) -> Path:
         source_unchanged_task(spec, source_sha)
         run.assignments = assignments
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
-        estimates, distributions, plot_files, gx_job = estimate_task(spec, profile, plan, totals, stage, helpers)
-        validation = run.validated(validate_task(spec, profile, plan, totals, stage, gx_job,
-                                                       seed_fixed=run.seed is not None))
+        estimates, distributions, plot_files = estimate_task(spec, profile, plan, totals, stage, helpers)
+        validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers,
+                                                 seed_fixed=run.seed is not None))
         if spec.review.required:                        # paused until a reviewer answers in the UI
             run.signed_off(sign_off_task(spec, run.review_summary(validation)))
         settle_panel_task(spec, plan, totals)           # a longitudinal population's per-record ledger

@@ -36,22 +36,20 @@ def stage_task(spec: ReleaseSpec) -> publish.Stage:
 @step("estimate")
 def estimate_task(spec: ReleaseSpec, profile, plan: stream.Plan, totals: stream.ChunkResult, stage: publish.Stage,
                   helpers: sidecar.Helpers | None = None):
-    """estimates.csv, (curves, summary, tables) from the released counts, power sums and row sample, the report's
-    plot files, and the gate's GX suite started (a Future for validate_task). The helper process draws half of the
-    plots while this step estimates and draws the other half, then runs the suite while the rest of this step and
-    the gate's own checks run here."""
+    """estimates.csv, (curves, summary, tables) from the released counts, power sums and row sample, and the
+    report's plot files. The helper process draws half of the plots while this step estimates and draws the
+    other half."""
     level = spec.confidence
     helpers = helpers or sidecar.Helpers(enabled=False)
     estimates = publish.with_totals(stream.estimate_totals(plan, totals, level), level)
     first, second = _plot_halves(estimates, [v.column for v in spec.variables if family_of(v).adds_noise])
     job = helpers.submit(publish.draw_plots, stage, first, None, None, level)
-    gx_job = stream.start_gx(spec, profile, plan, totals, stage.tmp / "validation", helpers)   # behind the plots
     curves, summary = stream.continuous_totals(plan, totals, level)
     tables = stream.group_tables_totals(plan, totals, level)
     values = totals.sample[list(curves["variable"].unique())] if not curves.empty else None
     here = publish.draw_plots(stage, None if second.empty else second, curves, values, level)
     plot_files = sidecar.collect(job, "the report's plots") + here
-    return estimates, (curves, summary, tables), plot_files, gx_job
+    return estimates, (curves, summary, tables), plot_files
 
 
 def _plot_halves(estimates, noisy: list[str]):
@@ -70,11 +68,11 @@ def _plot_halves(estimates, noisy: list[str]):
 
 
 @step("validate")
-def validate_task(spec, profile, plan, totals, stage: publish.Stage, gx_job, seed_fixed: bool = False) -> dict:
-    """The gate: the GX suite (`gx_job`, started by the estimate step in a helper process) beside the statistical
-    and exact checks and the ε audit here (`seed_fixed`: the caller fixed the run's seed, so the audit's stream is
-    derived from it)."""
-    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", gx_job=gx_job,
+def validate_task(spec, profile, plan, totals, stage: publish.Stage, helpers: sidecar.Helpers | None = None,
+                  seed_fixed: bool = False) -> dict:
+    """The gate: the GX suite in the helper process beside the statistical and exact checks and the ε audit here
+    (`seed_fixed`: the caller fixed the run's seed, so the audit's stream is derived from it)."""
+    result = stream.run_gate_totals(spec, profile, plan, totals, stage.tmp / "validation", helpers,
                                     audit_rng=audit_rng(plan.seed, seed_fixed or spec.seed is not None))
     post(create_table_artifact, key=f"{release_key(spec)}-gx", table=gx_rows(result["gx"]["rows"]),
          description=f"Great Expectations results ({result['gx']['scope']})")

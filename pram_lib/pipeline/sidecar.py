@@ -3,8 +3,8 @@ plots.
 
 Importing GX takes 1.5-2.5 s, as long as a small release's whole data path, and drawing the plots about a
 second. A release enters :class:`Helpers` first: its worker imports GX and matplotlib while the release's
-process reads, profiles and perturbs; then the estimate step hands it half of the plots and the suite (in that
-order), and collects the plots; the validate step collects the suite.
+process reads, profiles and perturbs; then the estimate step hands it half of the plots and collects them, and
+the validate step hands it the suite and collects it (each step collects the side work it started).
 
 Mechanism: the standard library's `concurrent.futures.ProcessPoolExecutor` with the "spawn" start method
 (`multiprocessing.get_context("spawn")`): a worker is a fresh interpreter, never a fork of the release's
@@ -31,7 +31,7 @@ from typing import Any, Callable
 # What a worker imports before its first job (the GX suite's and the plots' modules).
 WARM_MODULES = ("great_expectations", "great_expectations.expectations", "pram_lib.core.validate",
                 "pram_lib.pipeline.publish", "matplotlib.figure", "matplotlib.backends.backend_agg")
-# One worker: half of the plots, then the suite (the release's process draws the other half meanwhile). On 2
+# One worker: half of the plots (the release's process draws the other half meanwhile), then the suite. On 2
 # cores a second interpreter importing pandas, scipy and pram_lib again cost more CPU than it saved (measured
 # before: demo wall 7.1 -> 7.9 s; a 10^7-row release's flow 8.7 -> 13.0 s).
 HELPER_WORKERS = 1

@@ -772,7 +772,8 @@ def blocked_rows(totals: ChunkResult) -> dict[str, int]:
 def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult, out_dir: Path | None,
              helpers: "sidecar.Helpers | None" = None):
     """The gate's Great Expectations suite on the row sample, started in a helper process (a Future; it runs
-    while this process estimates; here and now without `helpers`). Results and Data Docs go to `out_dir`."""
+    while this process makes the gate's other checks; here and now without `helpers`). Results and Data Docs go
+    to `out_dir`."""
     from pram_lib.core.validate import validate_table
 
     declared = declared_columns(spec, profile, list(plan.assignments), blocked_rows(totals))
@@ -782,16 +783,15 @@ def start_gx(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResul
 
 def run_gate_totals(spec: ReleaseSpec, profile: Profile, plan: Plan, totals: ChunkResult,
                     out_dir: Path | None, helpers: "sidecar.Helpers | None" = None,
-                    audit_rng: np.random.Generator | None = None, gx_job=None) -> dict:
+                    audit_rng: np.random.Generator | None = None) -> dict:
     """The gate: GX on the uniform row sample (every row when small; in a helper process beside the rest, or
     here without `helpers`); exact checks (rows, missing values, ranges, source unchanged between the passes) and each
     family's tests on counts over every row, with Holm's step-down procedure over the tests
     (``validation.level`` is the release's family-wise error rate). With `audit_rng`, the empirical ε audit of
-    every channel (:func:`audit_channels`) is a check too, and its results are the verdict's "audit". `gx_job`: the
-    suite already started (:func:`start_gx`)."""
+    every channel (:func:`audit_channels`) is a check too, and its results are the verdict's "audit"."""
     from pram_lib.core.validate import gate_message, holm
 
-    gx_job = gx_job or start_gx(spec, profile, plan, totals, out_dir, helpers)
+    gx_job = start_gx(spec, profile, plan, totals, out_dir, helpers)
     declared = declared_columns(spec, profile, list(plan.assignments), blocked_rows(totals))
     sample = totals.sample if totals.sample is not None else pd.DataFrame(columns=list(declared))
     tests, checks = _gate_checks(spec, profile, plan, totals, declared)
