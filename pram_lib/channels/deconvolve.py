@@ -25,6 +25,7 @@ binning grid (a lattice lo + width·k) the phases e^{itx} come from angle additi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -46,15 +47,18 @@ KERNEL_MU2 = 6.0                    # μ_{K,2} = -K̃''(0)
 KERNEL_RK = _A0 / math.pi           # R(K) = 0.1085412...
 _BIN_PER_BANDWIDTH = 64             # φ̂ bin width b/64 (bin_width="auto")
 
-_gl: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
+@functools.lru_cache(maxsize=64)   # the standard library's memoisation; read-only arrays, shared by every caller
 def _nodes01(k: int) -> tuple[np.ndarray, np.ndarray]:
     """Gauss–Legendre nodes and weights on [0, 1]."""
-    if k not in _gl:
-        x, w = special.roots_legendre(k)
-        _gl[k] = (0.5 * (x + 1.0), 0.5 * w)
-    return _gl[k]
+    x, w = special.roots_legendre(k)
+    return _read_only(0.5 * (x + 1.0)), _read_only(0.5 * w)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 # ---------------------------------------------------------------------------------------------

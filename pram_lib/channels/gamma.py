@@ -43,6 +43,7 @@ M̂ at z close to single records, §8.4). The change of η(ϑ*) at half the reso
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -94,13 +95,13 @@ class InfeasibleProtectionError(ValueError):
 # 2. Population measure (§2.2), by vectorised Gauss quadrature — independent of the empirical code
 # =============================================================================================
 _GL_NODES = 32
-_gl_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
+@functools.lru_cache(maxsize=64)   # the standard library's memoisation; read-only arrays, shared by every caller
 def _gauss_legendre(k: int) -> tuple[np.ndarray, np.ndarray]:
-    if k not in _gl_cache:
-        _gl_cache[k] = special.roots_legendre(k)
-    return _gl_cache[k]
+    x, w = special.roots_legendre(k)
+    x.flags.writeable = w.flags.writeable = False
+    return x, w
 
 
 class _Noise:

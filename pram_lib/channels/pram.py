@@ -56,6 +56,7 @@ two-singleton family that exists only outside the Prop. 3.2 regime (O(S^2) time,
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -398,18 +399,16 @@ def _class_feasible(S, t, prof, u, tol=1e-12) -> bool:
     return bool(ok12 and ok14 and ok16)
 
 
-_FAMILY_CACHE: dict = {}
-
-
-def vertex_families(S: int, alpha: float) -> list:
+def vertex_families(S: int, alpha: float) -> tuple:
     """All vertex families (orbits under coordinate permutations) of the DP polytope, exactly, for any S, α.
 
     Inside the Prop. 3.2 regime the result is its 5 patterns; outside it more appear.  O(1) in S.
     """
-    S, alpha = _check_S_alpha(S, alpha)
-    key = (S, alpha)
-    if key in _FAMILY_CACHE:
-        return _FAMILY_CACHE[key]
+    return _vertex_families(*_check_S_alpha(S, alpha))
+
+
+@functools.lru_cache(maxsize=256)   # the standard library's memoisation; a tuple of frozen families
+def _vertex_families(S: int, alpha: float) -> tuple:
     t = math.exp(alpha)
     va, vm, vmin, vmax = v_values(S, alpha)
     found: dict = {}
@@ -448,8 +447,7 @@ def vertex_families(S: int, alpha: float) -> list:
         names = tuple(sorted(ent["names"]))[0]
         fams.append(VertexFamily(u, tuple(sorted(ent["profiles"])), names, _family_name(S, alpha, u, names)))
     fams.sort(key=lambda f: (f.n_classes, f.name, f.values))
-    _FAMILY_CACHE[key] = fams
-    return fams
+    return tuple(fams)
 
 
 def _pattern_names() -> dict:
