@@ -81,8 +81,8 @@ def long_functions(tree: ast.Module) -> list[tuple[str, int]]:
 
 
 def mutable_globals(tree: ast.Module) -> set[str]:
-    """Module-level names that functions rebind (`global`) or mutate in place (item assignment, a mutating
-    method)."""
+    """Module-level names that functions rebind (`global`) or mutate in place (item or attribute assignment, a
+    mutating method)."""
     top = set()
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
@@ -99,7 +99,8 @@ def mutable_globals(tree: ast.Module) -> set[str]:
                 found.add(node.func.value.id)
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
                 for t in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
-                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in top:
+                    if isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(t.value, ast.Name) \
+                            and t.value.id in top:   # item or attribute set (e.g. a threading.local's)
                         found.add(t.value.id)
     return found
 

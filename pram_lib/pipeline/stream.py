@@ -403,7 +403,9 @@ def finish_profile(spec: ReleaseSpec, sk: Sketch) -> Profile:
 
 
 # -- pass 2: perturb --------------------------------------------------------------------------------
-_LAST_SAMPLE: dict[int, tuple] = {}   # thread -> (key, mask) of the last row-sample mask it drew
+# Module-level state, one per thread (the standard library's threading.local): the (key, mask) of the last
+# row-sample mask the thread drew, reused by the chunk's other continuous variables.
+_LAST_SAMPLE = threading.local()
 
 
 @dataclass(frozen=True)
@@ -432,14 +434,12 @@ class Plan:
         """Which of rows start .. start + n are in the row sample (a Bernoulli draw addressed by row; read-only:
         a chunk's mask is drawn once for the chunk and each continuous variable)."""
         key = (self.seed, self.sample_p, start, n)
-        last = _LAST_SAMPLE.get(threading.get_ident())
+        last = getattr(_LAST_SAMPLE, "mask", None)
         if last is not None and last[0] == key:
             return last[1]
         keep = uniforms(self.seed, (0, 0, SAMPLE_PURPOSE), start, n) < self.sample_p
         keep.flags.writeable = False
-        if len(_LAST_SAMPLE) > 16:   # threads that ended
-            _LAST_SAMPLE.clear()
-        _LAST_SAMPLE[threading.get_ident()] = (key, keep)
+        _LAST_SAMPLE.mask = (key, keep)
         return keep
 
 
