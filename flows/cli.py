@@ -59,7 +59,7 @@ def choose_as_the_release(spec_path: str):
 def cmd_check(args: argparse.Namespace) -> int:
     from pram_lib.core.guarantee import NotDP
     from pram_lib.families import family_of
-    from pram_lib.pipeline import release, stream
+    from pram_lib.pipeline import release
     from pram_lib.pipeline.plan import accuracy_lines, target_line
     from pram_lib.spec import SpecError
 
@@ -93,25 +93,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     public = release.public_variables(assignments)
     if public:
         print(f"public variables (epsilon = inf accepted, not in the budget): {', '.join(public)}")
+    try:
+        print_population_check(spec, run, profile, assignments, seed)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("nothing written.")
+    return 0
+
+
+def print_population_check(spec, run, profile, assignments, seed) -> None:
+    """`check`'s lines on the population: a longitudinal one's predicted per-record charge, or where the release
+    leaves the population's ε ledger (SpecError: the population's ledger or key cannot be read)."""
+    from pram_lib.pipeline import stream
+
     if spec.longitudinal is not None:
         from pram_lib.ops.panel import summary_lines
 
-        try:
-            predicted = stream.predicted_charge(run, profile, assignments, seed)
-        except SpecError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        predicted = stream.predicted_charge(run, profile, assignments, seed)
         print("if released now (predicted; nothing is charged by check):")
         for line in summary_lines(spec, predicted):
             print(f"  {line}")
     if spec.population is not None and spec.longitudinal is None:
         from pram_lib.ops.ledger import bound_units, ledger_for, population_summary, units_epsilon
 
-        try:  # the population may be registered to another ledger (pram_lib.ops.ledger.PopulationRegistry)
-            pop, ledger = spec.population, ledger_for(spec)
-        except SpecError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        # the population may be registered to another ledger (pram_lib.ops.ledger.PopulationRegistry)
+        pop, ledger = spec.population, ledger_for(spec)
         used, need = ledger.spent(pop.key), units_epsilon(bound_units(spec))   # in pico-ε, summed as reserved
         print(f"population {pop.key}: epsilon {used:.4g} of cap {ledger.cap(pop.key) or pop.cap:g} spent or reserved; "
               f"this release reserves {need:.4g} ({'fits' if ledger.fits(pop.key, pop.cap, need) else 'REFUSED: over the cap'})")
@@ -122,8 +129,6 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"release {spec.release}: refused by the validation gate {refused} time(s) of at most "
                   f"{spec.validation.max_refusals} (validation.max_refusals)"
                   f"{'; REFUSED: a further run is refused before reading data' if refused >= spec.validation.max_refusals else ''}")
-    print("nothing written.")
-    return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -655,6 +660,15 @@ def main(argv: list[str] | None = None) -> int:
     prefect_environment()   # before anything imports Prefect
     ap = argparse.ArgumentParser(prog="pram-release", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    _release_parsers(sub)
+    _operator_parsers(sub)
+    _analyze_parser(sub)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+def _release_parsers(sub) -> None:
+    """The curator's commands: run, check, diff, plan."""
     p = sub.add_parser("run", help="run the release flow for SPEC and print the release folder")
     p.add_argument("spec")
     p.add_argument("--seed", type=_seed, default=None, help="fix the seed (tests, reproductions); default OS entropy")
@@ -668,15 +682,6 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="check SPEC and source; print the channels it would choose; write nothing")
     p.add_argument("spec")
     p.set_defaults(func=cmd_check)
-    p = sub.add_parser("alerts", help="set up the operator's alerts on the Prefect server: a webhook for failed or "
-                       "crashed release runs and for releases late past --window-minutes, unresponsive runs marked "
-                       "Crashed, one release per population at a time (global concurrency limits)")
-    p.add_argument("--webhook", required=True, help="URL that receives a JSON POST {subject, text} per alert")
-    p.add_argument("--window-minutes", type=float, default=120.0,
-                   help="a release run not finished this long after it was due or started is late (default 120)")
-    p.add_argument("--spec", action="append", help="a spec whose population gets a concurrency limit (repeat; "
-                   "default: specs/*.yaml)")
-    p.set_defaults(func=cmd_alerts)
     p = sub.add_parser("diff", help="what a release of SPEC would change against the last published release of "
                        "the same name (channels, ε, matrices, categories, half-widths, ledger); exit 0 no change, "
                        "1 changes, 2 error; writes and spends nothing")
@@ -696,6 +701,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save", default=None, metavar="PLAN_JSON", help="also save what was reviewed (the spec's and "
                    "the source's SHA-256, the channels and ε; public values only) for `run --plan`")
     p.set_defaults(func=cmd_plan)
+
+
+def _operator_parsers(sub) -> None:
+    """The operator's commands: alerts, schema, ui, verify."""
+    p = sub.add_parser("alerts", help="set up the operator's alerts on the Prefect server: a webhook for failed or "
+                       "crashed release runs and for releases late past --window-minutes, unresponsive runs marked "
+                       "Crashed, one release per population at a time (global concurrency limits)")
+    p.add_argument("--webhook", required=True, help="URL that receives a JSON POST {subject, text} per alert")
+    p.add_argument("--window-minutes", type=float, default=120.0,
+                   help="a release run not finished this long after it was due or started is late (default 120)")
+    p.add_argument("--spec", action="append", help="a spec whose population gets a concurrency limit (repeat; "
+                   "default: specs/*.yaml)")
+    p.set_defaults(func=cmd_alerts)
     p = sub.add_parser("schema", help="print the privacy spec's JSON Schema (pram_lib/schemas/spec.schema.json), "
                        "for editors: a spec's first line `# yaml-language-server: $schema=<path of it>`")
     p.add_argument("--from-models", action="store_true", help="generate it from the spec models (to regenerate "
@@ -718,10 +736,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", default=None, help="the audit head as kept elsewhere (a copy of audit.head.json, or "
                    "its ENTRIES:SHA256 line): catches a log and head rewritten together")
     p.set_defaults(func=cmd_verify)
-    _analyze_parser(sub)
-    args = ap.parse_args(argv)
-    return args.func(args)
-
 
 if __name__ == "__main__":
     sys.exit(main())
