@@ -110,7 +110,7 @@ def output_parity(M: Any) -> np.ndarray:
     """
     a = _matrix(M)
     hi, lo = a.max(axis=0), a.min(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):   # past the largest double: inf, as below
         eta = hi / lo
     eta[hi == 0] = 1.0
     eta[(hi > 0) & (lo == 0)] = np.inf
