@@ -48,17 +48,13 @@ KERNEL_RK = _A0 / math.pi           # R(K) = 0.1085412...
 _BIN_PER_BANDWIDTH = 64             # φ̂ bin width b/64 (bin_width="auto")
 
 
-
 @functools.lru_cache(maxsize=64)   # the standard library's memoisation; read-only arrays, shared by every caller
 def _nodes01(k: int) -> tuple[np.ndarray, np.ndarray]:
     """Gauss–Legendre nodes and weights on [0, 1]."""
     x, w = special.roots_legendre(k)
-    return _read_only(0.5 * (x + 1.0)), _read_only(0.5 * w)
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
+    u, w = 0.5 * (x + 1.0), 0.5 * w
+    u.flags.writeable = w.flags.writeable = False
+    return u, w
 
 
 # ---------------------------------------------------------------------------------------------
