@@ -4,6 +4,7 @@ deconvolution (deconvolve.py) both build on it without importing each other."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +104,9 @@ def sample_keyed(theta: float, eta: float, prf, h: np.ndarray, tag: int = KEYED_
     the same draw), from the uniforms of `prf` (a pram_lib.core.memo.KeyedPrf) of (h, tag, j), j = 0, 1, ...:
     Marsaglia & Tsang's method (shape a = ϑ + 1 when ϑ < 1, then G·U^(1/ϑ)), its normals by Box–Muller, attempts
     repeated until one is accepted, so the law is exact. The C kernel (pram_lib/core/_fastpath.c, gamma_keyed),
-    or `sample_keyed_numpy`, which gives the same values."""
+    or `sample_keyed_numpy`: the same expressions, whose bits agree where numpy's log, cos, sin and power are the
+    C library's (on CPUs with AVX-512, numpy's own SIMD versions differ from them in the last bits for a few per
+    cent of draws; `keyed_noise_digest` tells a population's releases apart when they would)."""
     theta, eta = check_parameters(theta, eta)
     out = prf.gamma_keyed(h, tag, *_keyed_constants(theta)[:3], eta, _keyed_constants(theta)[3])
     return sample_keyed_numpy(theta, eta, prf, h, tag) if out is None else out
@@ -149,6 +152,18 @@ def sample_keyed_numpy(theta: float, eta: float, prf, h: np.ndarray, tag: int = 
         u0 = ((first >> np.uint64(12)).astype(np.int64).astype(np.float64) + 0.5) * (1.0 / 4503599627370496.0)
         g = g * (u0 * u0 if boost == 2.0 else np.power(u0, boost))
     return np.where((first & np.uint64(1)) == 1, -(eta * g), eta * g)
+
+
+def keyed_noise_digest() -> str:
+    """A digest of `sample_keyed`'s bits on fixed public inputs (a fixed key, 4 × 4,096 hashes, shapes below, at and
+    above 1): two machines or builds whose digests differ would give an unchanged value of a memoized noise variable
+    other noise (the C kernel against numpy's SIMD functions, another C library)."""
+    from pram_lib.core.memo import KeyedPrf
+
+    prf = KeyedPrf(b"pram-release keyed noise digest: public inputs")
+    h = np.random.default_rng(20261128).integers(0, 2**64, 4096, dtype=np.uint64, endpoint=False)
+    draws = [sample_keyed(theta, 1.0, prf, h) for theta in (0.05, 0.6, 1.0, 2.5)]
+    return hashlib.blake2b(np.concatenate(draws).tobytes(), digest_size=8).hexdigest()
 
 
 def moments(theta: float, eta: float) -> dict:

@@ -32,7 +32,7 @@ from decimal import ROUND_FLOOR
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,7 @@ from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
 SECRET_FILE, STATE_FILE, LOCK_FILE, DELTA_FILE = "secret.key", "records.npy", "lock", "records.delta"
+NOISE_FILE = "noise.digest"   # the digest of the kernel that drew the population's memoized noise
 LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw format (read, then replaced)
 SECRET_BYTES = 32
 PICO = float(UNITS_PER_EPSILON)   # the per-record ledger's unit: one pico-ε (pram_lib.core.epsilon)
@@ -214,6 +215,22 @@ class PanelStore:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return blocks[-1].largest if blocks else head.get("largest")
+
+    def noise_digest(self) -> str | None:
+        """The digest of the keyed-noise kernel that drew the population's memoized noise (None: none yet)."""
+        path = self.folder / NOISE_FILE
+        return path.read_text().strip() if path.is_file() else None
+
+    def keep_noise_digest(self, digest: str) -> None:
+        """Record the kernel's digest at the population's first release that drew keyed noise (never replaced)."""
+        try:
+            fd = os.open(self.folder / NOISE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(digest + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def exists(self) -> bool:
         return any((self.folder / f).is_file() for f in (STATE_FILE, LEGACY_STATE_FILE, SECRET_FILE))
@@ -506,13 +523,15 @@ class PanelChunk:
     blocked: dict[str, int] = field(default_factory=dict)
     largest_loss: float = 0.0   # the largest cumulative ε of a record after this release
     at_cap: int = 0             # the records whose next new value would pass the cap
+    noise_kernels: frozenset[str] = frozenset()   # digests of the keyed-noise kernels that drew the chunks' noise
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
         return PanelChunk(self.pos + other.pos, self.fresh + other.fresh, self.charge + other.charge,
                           {v: p + other.pairs[v] for v, p in self.pairs.items()},
                           {v: n + other.changed.get(v, 0) for v, n in self.changed.items()},
                           {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()},
-                          max(self.largest_loss, other.largest_loss), self.at_cap + other.at_cap)
+                          max(self.largest_loss, other.largest_loss), self.at_cap + other.at_cap,
+                          self.noise_kernels | other.noise_kernels)
 
 
 def _joined(parts: list[Sparse], dtype) -> Sparse:
@@ -536,6 +555,24 @@ class Memo:
     base: float                      # ε the population spent in releases without per-record accounting
     epsilon: dict[str, float]        # variable -> ε per distinct value released
     fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
+    noise_kernel: Callable[[], str] | None = None   # the digest of this process's keyed-noise kernel
+    drew_noise_with: str | None = None               # the digest of the kernel that drew the population's noise
+
+    def check_noise_kernel(self) -> str:
+        """This process's keyed-noise digest, refused when the population's earlier noise came from a kernel that
+        gives other bits: an unchanged value would get other noise, uncharged (its two draws differ)."""
+        here = self.__dict__.get("_kernel_here")
+        if here is None:   # once per process (a copy shipped to a worker computes its own)
+            here = self.__dict__["_kernel_here"] = self.noise_kernel() if self.noise_kernel else ""
+        if self.drew_noise_with and here != self.drew_noise_with:
+            raise PanelError(
+                f"this machine's keyed-noise kernel (digest {here}) draws other bits than the one that drew the "
+                f"population's memoized noise (digest {self.drew_noise_with}): an unchanged value would be released "
+                "with new noise, which the per-record ledger does not charge. Nothing was released. Fix: run the "
+                "release where the population's earlier releases ran, with the same build (the C kernel built: "
+                "`python -m pram_lib.core.fastpath`, and PRAM_NO_FASTPATH unset, if it was then), or release "
+                "under a new population key")
+        return here
 
     @property
     def cap_units(self) -> float:
@@ -588,6 +625,10 @@ class Memo:
         if twice:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
                              "it is a statistic of the source): a longitudinal release has one row per person")
+        if len(chunks.noise_kernels) > 1:
+            raise PanelError("the chunks' workers drew the memoized noise with keyed-noise kernels that give other "
+                             f"bits (digests {', '.join(sorted(chunks.noise_kernels))}): nothing was released. Fix: "
+                             "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on none")
         ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
         m, n = old.records.size, old.records.size + ins.size
         records = newcomers if not m else np.insert(old.records, ins, newcomers) if ins.size else old.records
@@ -713,7 +754,9 @@ class MemoChunk:
 
     def keyed(self, variable: str) -> tuple[KeyedPrf, np.ndarray]:
         """The population's PRF and each row's pair hash for `variable`, for a sampler that draws its own keyed
-        uniforms from them (the memoized Gamma noise: pram_lib.channels.gamma_law.sample_keyed)."""
+        uniforms from them (the memoized Gamma noise: pram_lib.channels.gamma_law.sample_keyed), once the kernel
+        is checked against the population's (`Memo.check_noise_kernel`)."""
+        self.out.noise_kernels = frozenset({self.memo.check_noise_kernel()})
         return self.memo.prf, self._hash[variable]
 
     def panel_ids(self) -> np.ndarray:
@@ -737,7 +780,10 @@ def settle(spec, memo: Memo, totals: PanelChunk) -> dict:
     """Write the population's per-record ledger after this release (before it is published: a crash between the
     two over-charges, never under-charges) and return its summary (counts only)."""
     state, summary = memo.settled(totals)
-    PanelStore(spec.resolve(spec.private_store), spec.population.key).save(state)
+    store = PanelStore(spec.resolve(spec.private_store), spec.population.key)
+    store.save(state)
+    for digest in filter(None, totals.noise_kernels):
+        store.keep_noise_digest(digest)
     return summary
 
 

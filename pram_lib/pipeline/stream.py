@@ -34,6 +34,7 @@ from pram_lib.families import family_of
 from pram_lib.families.base import exact
 from pram_lib.families.categorical import ESTIMATE_COLUMNS
 from pram_lib.families.noise import estimate_distributions
+from pram_lib.channels.gamma_law import keyed_noise_digest
 from pram_lib.core.memo import KeyedPrf
 from pram_lib.ops.audit import seal_file, sha256_file
 from pram_lib.ops.panel import Memo, PanelChunk, PanelError, PanelStore
@@ -490,7 +491,7 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
         raise spec.error(("population", "key"), str(exc), pop.key) from None
     return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
                 ledger_for(spec).spent(pop.key), {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
-                channel_fingerprints(spec, assignments))
+                channel_fingerprints(spec, assignments), keyed_noise_digest, store.noise_digest())
 
 
 @dataclass

@@ -289,6 +289,55 @@ def test_a_key_named_twice_is_refused_and_nothing_is_charged(tmp_path):
     assert not (tmp_path / "private" / panel.PANEL_FOLDER / "people" / panel.STATE_FILE).exists()
 
 
+def test_memoized_noise_is_refused_where_the_kernel_draws_other_bits(tmp_path):
+    """The first release that draws keyed noise records its kernel's digest; a later release whose kernel draws other
+    bits (another machine's C library, numpy's SIMD functions) is refused before anything is charged."""
+    from pram_lib.channels.gamma_law import keyed_noise_digest
+
+    spec_path = spec_file(tmp_path, VARS)
+    first = population(500)
+    _, s1, spec = release_once(tmp_path, first, spec_path, seed=1)
+    store = panel.PanelStore(spec.resolve(spec.private_store), spec.population.key)
+    assert store.noise_digest() == keyed_noise_digest()
+    (store.folder / panel.NOISE_FILE).write_text("0123456789abcdef\n")   # as if drawn elsewhere
+    with pytest.raises(panel.PanelError, match="draws other bits") as e:
+        release_once(tmp_path, first, spec_path, seed=2)
+    assert "0123456789abcdef" in str(e.value) and keyed_noise_digest() in str(e.value)
+    assert store.load().releases == 1 == s1["release"]
+
+
+def test_the_noise_digest_tells_the_twin_from_the_c_kernel_exactly_when_their_bits_differ(monkeypatch):
+    from pram_lib.channels.gamma_law import keyed_noise_digest
+    from pram_lib.core import fastpath
+
+    c_kernel = keyed_noise_digest()
+    monkeypatch.setenv("PRAM_NO_FASTPATH", "1")
+    fastpath.keep_uniform_kernel.cache_clear()
+    try:
+        twin = keyed_noise_digest()
+    finally:
+        monkeypatch.delenv("PRAM_NO_FASTPATH")
+        fastpath.keep_uniform_kernel.cache_clear()
+    assert (twin == c_kernel) == _numpy_functions_are_the_c_librarys()
+
+
+def test_chunks_drawn_by_kernels_that_differ_are_refused(tmp_path):
+    import dataclasses
+
+    spec_path = spec_file(tmp_path, VARS)
+    df = population(300)
+    df.to_csv(tmp_path / "src.csv", index=False)
+    spec = load_spec(spec_path).on_engine("memory")
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 1))
+    plan = stream.make_plan(spec, profile, release.choose_channels(spec, profile, 1), 1, None, "memory",
+                            sample_all=True)
+    chunks = stream.perturb_pass(plan).panel
+    assert len(chunks.noise_kernels) == 1
+    mixed = dataclasses.replace(chunks, noise_kernels=chunks.noise_kernels | {"0123456789abcdef"})
+    with pytest.raises(panel.PanelError, match="kernels that give other bits"):
+        plan.memo.settled(mixed)
+
+
 def test_check_predicts_the_next_charge_and_writes_nothing(tmp_path):
     spec_path = spec_file(tmp_path, VARS)
     first = population(1000)
@@ -336,17 +385,32 @@ def test_memoized_noise_has_the_two_sided_gamma_law(theta):
     assert abs(np.abs(y).mean() - m["abs_mean"]) < 5 * math.sqrt((m["var"] - m["abs_mean"] ** 2) / n)
 
 
+def _numpy_functions_are_the_c_librarys() -> bool:
+    """numpy's log, cos, sin and power give the C library's bits (Python's math module calls it) on a probe; not so
+    where numpy runs its own SIMD versions (on CPUs with AVX-512)."""
+    x = np.random.default_rng(7).random(4096) + 1e-3
+    pairs = [(np.log(x), map(math.log, x)), (np.cos(6 * x), (math.cos(6 * v) for v in x)),
+             (np.sin(6 * x), (math.sin(6 * v) for v in x)), (np.power(x, 3.3), (math.pow(v, 3.3) for v in x))]
+    return all(np.array_equal(a, np.fromiter(b, float)) for a, b in pairs)
+
+
 @pytest.mark.parametrize("theta", [0.05, 0.5, 0.6, 1.0, 1.0 / 3.0 + 1e-9, 2.5, 50.0])
 def test_keyed_gamma_kernel_equals_its_numpy_twin(theta):
-    """The C kernel and the numpy twin give the same bits, on random hashes and the 64-bit ends, for shapes below,
-    at and above 1 (tiny and large); enough rows that some are accepted only at the second, third or later attempt
-    (Marsaglia–Tsang rejects a few per cent); the same hash gives the same draw, another tag another."""
+    """The C kernel and the numpy twin give the same bits where numpy's functions are the C library's, and within a
+    few units in the last place (same sign) where numpy runs its own; on random hashes and the 64-bit ends, for
+    shapes below, at and above 1 (tiny and large); enough rows that some are accepted only at the second, third or
+    later attempt (Marsaglia–Tsang rejects a few per cent); the same hash gives the same draw, another tag another."""
     from pram_lib.channels.gamma_law import sample_keyed, sample_keyed_numpy
 
     prf = KeyedPrf(b"twin test secret, 16+ bytes")
     h = np.concatenate([EDGE, np.random.default_rng(int(theta * 100)).integers(0, 2**64, 20_000, dtype=np.uint64)])
     c, twin = sample_keyed(theta, 1.5, prf, h, 11), sample_keyed_numpy(theta, 1.5, prf, h, 11)
-    assert np.array_equal(c, twin) and np.isfinite(c).all()
+    assert np.isfinite(c).all()
+    if _numpy_functions_are_the_c_librarys():
+        assert np.array_equal(c, twin)
+    else:   # a few ulp from each of log, cos and power, carried through the cube and the product
+        assert np.array_equal(np.signbit(c), np.signbit(twin))
+        assert np.abs(c.view(np.int64) - twin.view(np.int64)).max() <= 16
     assert np.array_equal(sample_keyed(theta, 1.5, prf, h[::-1], 11), c[::-1])
     assert not np.array_equal(sample_keyed(theta, 1.5, prf, h, 12), c)
 
@@ -373,7 +437,11 @@ def test_keyed_gamma_numpy_twin_takes_later_attempts():
                 return k
     ks = [attempt(int(x)) for x in h[:3000]]
     assert max(ks) >= 2
-    assert np.array_equal(gamma_law.sample_keyed(1.05, 1.0, prf, h, 11), gamma_law.sample_keyed_numpy(1.05, 1.0, prf, h, 11))
+    c, twin = gamma_law.sample_keyed(1.05, 1.0, prf, h, 11), gamma_law.sample_keyed_numpy(1.05, 1.0, prf, h, 11)
+    if _numpy_functions_are_the_c_librarys():
+        assert np.array_equal(c, twin)
+    else:
+        assert np.abs(c.view(np.int64) - twin.view(np.int64)).max() <= 16
 
 
 def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
