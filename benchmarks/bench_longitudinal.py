@@ -99,7 +99,7 @@ TWO_CORES = (None, "plain (2 cores)", "memoized, same people again (2 cores)")
 
 def write_results(n: int, runs: dict) -> None:
     """benchmarks/results/bench_longitudinal.json in the common format (benchmarks/results_md.py)."""
-    from benchmarks.results_io import load_average
+    from benchmarks.results_io import cpu_model, load_average
 
     rows, verdicts = [], []
     for label, rs in runs.items():
@@ -144,7 +144,7 @@ def write_results(n: int, runs: dict) -> None:
                      "hash 6 ns instead of 16, the keyed Gamma draw about 100 ns instead of 140 (most of the rest is "
                      "the C library's log and cos); the memoized pass 2 went from 6.3 to 5.3 s on two cores "
                      "(two runs each, 2026-11-28).",
-                     f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load average at the end "
+                     f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on {cpu_model()}; load average at the end "
                      f"{load_average()}."]}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_longitudinal.json").write_text(json.dumps(doc, indent=2) + "\n")

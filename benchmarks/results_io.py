@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -74,10 +75,39 @@ def load_average() -> str:
         return "n/a"
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model() -> str:
+    """The first CPU of /proc/cpuinfo: model name, family/model, clock, cache, and whether it is virtual."""
+    info: dict[str, str] = {}
+    for line in _read("/proc/cpuinfo").splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        info[key.strip()] = value.strip()
+    if "model name" not in info:
+        return platform.processor() or platform.machine()
+    parts = [info["model name"]]
+    if "cpu family" in info and "model" in info:
+        parts.append(f"family {info['cpu family']} model {info['model']}")
+    if "cpu MHz" in info:
+        parts.append(f"{float(info['cpu MHz']):.0f} MHz")
+    if "cache size" in info:
+        parts.append(f"cache {info['cache size']}")
+    if "hypervisor" in info.get("flags", "").split():
+        parts.append("virtual machine")
+    return ", ".join(parts)
+
+
 def measured_note() -> str:
-    """A note saying when the section was measured and how loaded the machine was."""
-    return (f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load average (1/5/15 min) at the end "
-            f"of the run {load_average()} on {os.cpu_count()} logical CPUs.")
+    """A note saying when and on which CPU the section was measured, and how loaded the machine was."""
+    return (f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on {cpu_model()}; load average "
+            f"(1/5/15 min) at the end of the run {load_average()} on {os.cpu_count()} logical CPUs.")
 
 
 def write_section(name: str, order: int, section: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
