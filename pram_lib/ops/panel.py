@@ -609,7 +609,10 @@ class Memo:
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
         """The ledger after this release, and its summary (counts only). The newcomers are inserted where they sort
         (np.searchsorted in the ledger, then one np.insert per array: a copy, no sort of the ledger); only
-        the rows that paid or released a new value are then updated."""
+        the rows that paid or released a new value are then updated. A first release (an empty ledger) writes its
+        ε and pairs by release row (slices, no row numbers) and gathers the ledger's rows from them once (np.take
+        by the inverse of each row's position: sequential writes, one read a row) instead of scattering each
+        variable's pairs row by row."""
         old = self.state
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
@@ -647,6 +650,10 @@ class Memo:
 
         # an array nothing changes is the old one, shared (the old state is read, never written)
         paid_rows, paid = _joined(chunks.charge, np.float64)
+        if not m:   # a first release: ledger row i is release row ledger_row[i]
+            ledger_row = np.empty(n, dtype=np.int64)
+            ledger_row[pos] = np.arange(n)
+            return self._first_settled(chunks, records, ledger_row, paid_rows, paid)
         loss = old.loss if m and not ins.size and not paid.size else grown(old.loss, 0.0, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history, added_by = {}, {}, {}
@@ -682,15 +689,40 @@ class Memo:
                                                [pos[r] for r in changed_rows]))
             state.delta = PanelDelta(newcomers, records[changed], loss[changed], table[changed],
                                      {v: added_by[v] for v in self.charged})
-        summary = {"release": state.releases, "records": int(pos.size), "new_records": int(fresh_rows.size),
-                   "paid_nothing": int(pos.size - paid_rows.size), "paid": int(paid_rows.size),
-                   "largest_charge": float(paid.max()) / PICO if paid.size else 0.0,
-                   "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if pos.size else 0.0, "cap": self.cap,
-                   "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
-                   "channel_changed": sorted(v for v, fp in self.fingerprints.items()
-                                             if v in old.channels and old.channels[v] != fp),
-                   "changed_values": {v: int(chunks.changed.get(v, 0)) for v in self.charged}}
-        return state, summary
+        return state, self._summary(state, chunks, pos.size, fresh_rows.size, paid)
+
+    def _first_settled(self, chunks: PanelChunk, records: np.ndarray, ledger_row: np.ndarray,
+                       paid_rows: np.ndarray, paid: np.ndarray) -> tuple[PanelState, dict]:
+        """`settled` for a first release: every row is a newcomer, and ledger row i is release row ledger_row[i]."""
+        n = records.size
+        loss = np.zeros(n)
+        loss[paid_rows] = paid
+        loss = np.take(loss, ledger_row)
+        by_row = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
+        for j, v in enumerate(self.charged):
+            for rows, pair in chunks.pairs[v]:
+                if isinstance(rows, (int, np.integer)):
+                    by_row[rows:rows + pair.size, j] = pair
+                else:
+                    by_row[rows, j] = pair
+        table = np.take(by_row, ledger_row, axis=0)
+        del by_row
+        state = PanelState(records, loss, {v: table[:, j] for j, v in enumerate(self.charged)},
+                           {v: self.state.history.get(v, np.empty(0, dtype=np.uint64)) for v in self.charged},
+                           dict(self.fingerprints), self.state.releases + 1)
+        return state, self._summary(state, chunks, n, n, paid)
+
+    def _summary(self, state: PanelState, chunks: PanelChunk, rows: int, new: int, paid: np.ndarray) -> dict:
+        """What `settled` says of the release: counts and ε, never a value."""
+        old = self.state
+        return {"release": state.releases, "records": rows, "new_records": new,
+                "paid_nothing": rows - paid.size, "paid": int(paid.size),
+                "largest_charge": float(paid.max()) / PICO if paid.size else 0.0,
+                "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if rows else 0.0, "cap": self.cap,
+                "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
+                "channel_changed": sorted(v for v, fp in self.fingerprints.items()
+                                          if v in old.channels and old.channels[v] != fp),
+                "changed_values": {v: int(chunks.changed.get(v, 0)) for v in self.charged}}
 
 
 class MemoChunk:
