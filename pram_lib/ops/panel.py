@@ -53,6 +53,14 @@ class PanelError(ValueError):
     """The population's private panel files are unusable; nothing was written."""
 
 
+class NoiseKernelChanged(PanelError):
+    """Keyed noise would be drawn with other bits than the population's earlier noise; `fix` says what to do."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.fix = fix
+
+
 def panel_folder(store: Path, population: str) -> Path:
     return Path(store) / PANEL_FOLDER / population
 
@@ -565,12 +573,12 @@ class Memo:
         if here is None:   # once per process (a copy shipped to a worker computes its own)
             here = self.__dict__["_kernel_here"] = self.noise_kernel() if self.noise_kernel else ""
         if self.drew_noise_with and here != self.drew_noise_with:
-            raise PanelError(
+            raise NoiseKernelChanged(
                 f"this machine's keyed-noise kernel (digest {here}) draws other bits than the one that drew the "
                 f"population's memoized noise (digest {self.drew_noise_with}): an unchanged value would be released "
-                "with new noise, which the per-record ledger does not charge. Nothing was released. Fix: run the "
-                "release where the population's earlier releases ran, with the same build (the C kernel built: "
-                "`python -m pram_lib.core.fastpath`, and PRAM_NO_FASTPATH unset, if it was then), or release "
+                "with new noise, which the per-record ledger does not charge; nothing was released or charged",
+                "run the release where the population's earlier releases ran, with the same build (the C kernel "
+                "built: `python -m pram_lib.core.fastpath`, and PRAM_NO_FASTPATH unset, if it was then), or release "
                 "under a new population key")
         return here
 
@@ -629,9 +637,11 @@ class Memo:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
                              "it is a statistic of the source): a longitudinal release has one row per person")
         if len(chunks.noise_kernels) > 1:
-            raise PanelError("the chunks' workers drew the memoized noise with keyed-noise kernels that give other "
-                             f"bits (digests {', '.join(sorted(chunks.noise_kernels))}): nothing was released. Fix: "
-                             "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on none")
+            raise NoiseKernelChanged("the chunks' workers drew the memoized noise with keyed-noise kernels that give "
+                                     f"other bits (digests {', '.join(sorted(chunks.noise_kernels))}); nothing was "
+                                     "released or charged",
+                                     "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on "
+                                     "none")
         ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
         m, n = old.records.size, old.records.size + ins.size
         records = newcomers if not m else np.insert(old.records, ins, newcomers) if ins.size else old.records

@@ -37,7 +37,7 @@ from pram_lib.families.noise import estimate_distributions
 from pram_lib.channels.gamma_law import keyed_noise_digest
 from pram_lib.core.memo import KeyedPrf
 from pram_lib.ops.audit import seal_file, sha256_file
-from pram_lib.ops.panel import Memo, PanelChunk, PanelError, PanelStore
+from pram_lib.ops.panel import Memo, NoiseKernelChanged, PanelChunk, PanelError, PanelStore
 from pram_lib.pipeline import formats, sidecar
 from pram_lib.pipeline.release import (UNREADABLE, check_columns, csv_options, needed_columns, source_read_error,
                                        spent_by_variable)
@@ -525,9 +525,12 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
                          "give every person one key of whole numbers or text") from None
     if memo is not None and spec.longitudinal.link:
         released[PANEL_ID] = memo.panel_ids()
-    for i, v in enumerate(spec.variables):
-        columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start, memo)
-        released.update(columns)
+    try:
+        for i, v in enumerate(spec.variables):
+            columns, res.stats[v.key] = family_of(v).perturb_chunk(plan, i, v, df, ref.start, memo)
+            released.update(columns)
+    except NoiseKernelChanged as exc:
+        raise spec.error(("population", "key"), str(exc), spec.population.key, exc.fix) from None
     res.panel = None if memo is None else memo.finish()
     for c in spec.passthrough:
         s = df[c]

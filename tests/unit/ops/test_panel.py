@@ -300,9 +300,11 @@ def test_memoized_noise_is_refused_where_the_kernel_draws_other_bits(tmp_path):
     store = panel.PanelStore(spec.resolve(spec.private_store), spec.population.key)
     assert store.noise_digest() == keyed_noise_digest()
     (store.folder / panel.NOISE_FILE).write_text("0123456789abcdef\n")   # as if drawn elsewhere
-    with pytest.raises(panel.PanelError, match="draws other bits") as e:
+    with pytest.raises(SpecError, match="draws other bits") as e:
         release_once(tmp_path, first, spec_path, seed=2)
-    assert "0123456789abcdef" in str(e.value) and keyed_noise_digest() in str(e.value)
+    text = str(e.value)
+    assert "0123456789abcdef" in text and keyed_noise_digest() in text and "population.key" in text
+    assert text.count("Fix:") == 1 and "pram_lib.core.fastpath" in text.split("Fix:")[1]
     assert store.load().releases == 1 == s1["release"]
 
 
@@ -334,8 +336,9 @@ def test_chunks_drawn_by_kernels_that_differ_are_refused(tmp_path):
     chunks = stream.perturb_pass(plan).panel
     assert len(chunks.noise_kernels) == 1
     mixed = dataclasses.replace(chunks, noise_kernels=chunks.noise_kernels | {"0123456789abcdef"})
-    with pytest.raises(panel.PanelError, match="kernels that give other bits"):
+    with pytest.raises(panel.NoiseKernelChanged, match="kernels that give other bits") as e:
         plan.memo.settled(mixed)
+    assert "on every worker" in e.value.fix
 
 
 def test_check_predicts_the_next_charge_and_writes_nothing(tmp_path):
