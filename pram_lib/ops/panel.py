@@ -570,7 +570,7 @@ class Memo:
         """This process's keyed-noise digest, refused when the population's earlier noise came from a kernel that
         gives other bits: an unchanged value would get other noise, uncharged (its two draws differ)."""
         here = self.__dict__.get("_kernel_here")
-        if here is None:   # once per process (a copy shipped to a worker computes its own)
+        if here is None:   # once per memo (it holds the population's PRF, which is never pickled to a worker)
             here = self.__dict__["_kernel_here"] = self.noise_kernel() if self.noise_kernel else ""
         if self.drew_noise_with and here != self.drew_noise_with:
             raise NoiseKernelChanged(
