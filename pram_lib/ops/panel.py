@@ -565,13 +565,14 @@ class Memo:
     fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
     noise_kernel: Callable[[], str] | None = None   # the digest of this process's keyed-noise kernel
     drew_noise_with: str | None = None               # the digest of the kernel that drew the population's noise
+    _kernel_here: str | None = field(default=None, init=False, repr=False, compare=False)   # noise_kernel(), once
 
     def check_noise_kernel(self) -> str:
         """This process's keyed-noise digest, refused when the population's earlier noise came from a kernel that
         gives other bits: an unchanged value would get other noise, uncharged (its two draws differ)."""
-        here = self.__dict__.get("_kernel_here")
-        if here is None:   # once per memo (it holds the population's PRF, which is never pickled to a worker)
-            here = self.__dict__["_kernel_here"] = self.noise_kernel() if self.noise_kernel else ""
+        if self._kernel_here is None:
+            self._kernel_here = self.noise_kernel() if self.noise_kernel else ""
+        here = self._kernel_here
         if self.drew_noise_with and here != self.drew_noise_with:
             raise NoiseKernelChanged(
                 f"this machine's keyed-noise kernel (digest {here}) draws other bits than the one that drew the "
