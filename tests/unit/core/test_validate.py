@@ -386,3 +386,61 @@ def test_gate_message_names_failed_checks():
     assert "variable 'education' (stratum sex=Male)" in msg and f"{bad['df']} df" in msg
     assert "999 rows, expected 1000" in msg
     assert gate_message([good]) == ""
+
+
+# -------------------------------------------------------------------------------------------------
+# noise_consistency_test: Kolmogorov-Smirnov without scipy.stats in the release's process
+# -------------------------------------------------------------------------------------------------
+def _laplace_cdf(x):
+    x = np.asarray(x, dtype=float)
+    return np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0)), 1 - 0.5 * np.exp(-np.maximum(x, 0)))
+
+
+@pytest.mark.parametrize("n, scale", [(1, 1.0), (7, 1.0), (200, 1.0), (5000, 1.0), (200, 1.6), (5000, 1.1)])
+def test_ks_statistic_is_scipys_and_p_bounds_the_exact_p(n, scale):
+    """D is scipy.stats.kstest's (an independent implementation); p is at least scipy's exact two-sided p (the
+    union bound) and equals it to 0.1 % wherever the exact p is below 0.05."""
+    from scipy import stats
+
+    from pram_lib.core.validate import ks_two_sided
+
+    rng = np.random.default_rng(n)
+    sample = rng.laplace(scale=scale, size=n)
+    exact = stats.kstest(sample, _laplace_cdf, method="exact")
+    d, p = ks_two_sided(np.sort(sample), _laplace_cdf)
+    assert d == pytest.approx(exact.statistic, rel=1e-12, abs=1e-15)
+    assert p >= exact.pvalue - 1e-12
+    if exact.pvalue < 0.05:
+        assert p == pytest.approx(exact.pvalue, rel=1e-3)
+
+
+def test_ks_keeps_its_level_and_rejects_a_wrong_noise_law():
+    """Under H0 (4,000 samples of 50 Laplace draws) the test rejects at most α = 5 % plus three standard errors;
+    noise 1.25 times wider (20,000 draws) is rejected at the gate's level 1e-3 in each of 20 samples: there
+    sup |F_1.25 - F_1| = 0.041 (at x = ln 1.25 / 0.2), three times the test's critical D (1.95 / sqrt(20000))."""
+    from types import SimpleNamespace
+
+    from pram_lib.core.validate import noise_consistency_test
+
+    rng = np.random.default_rng(20261128)
+    channel = SimpleNamespace(variables=["income"], noise=SimpleNamespace(cdf=_laplace_cdf))
+    source = np.zeros(50)
+    rejected = sum(not noise_consistency_test(source, rng.laplace(size=50), channel, level=0.05)["passed"]
+                   for _ in range(4000))
+    assert rejected / 4000 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 4000)
+    assert rejected / 4000 >= 0.05 - 4 * math.sqrt(0.05 * 0.95 / 4000)   # not conservative at this level
+    source = rng.normal(size=20000) * 1e4
+    wider = [noise_consistency_test(source, source + rng.laplace(scale=1.25, size=20000), channel)
+             for _ in range(20)]
+    assert not any(r["passed"] for r in wider)
+    assert all(r["p_value"] < 1e-3 and "KS D" in r["message"] for r in wider)
+
+
+def test_ks_refuses_a_changed_missingness_at_once():
+    from types import SimpleNamespace
+
+    from pram_lib.core.validate import noise_consistency_test
+
+    channel = SimpleNamespace(variables=["income"], noise=SimpleNamespace(cdf=_laplace_cdf))
+    res = noise_consistency_test(np.array([1.0, np.nan, 3.0]), np.array([1.5, 2.0, 3.5]), channel)
+    assert not res["passed"] and res["deterministic"] and res["p_value"] == 0.0

@@ -24,3 +24,24 @@ def test_the_run_modules_leave_the_slow_optional_imports_for_later():
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]", {m: DEFERRED[m] for m in eval(run.stdout)}
+
+
+@pytest.mark.slow
+def test_the_gate_and_the_report_accounting_leave_scipy_stats_out_of_the_release_process():
+    """The noise law's KS test and a PLD composition on the FFT path run without importing scipy.stats (or
+    scipy.signal, which imports it): 0.4-0.6 s of every release's own process."""
+    code = """
+import sys, types
+import numpy as np
+import pram_lib.core.pld as pld
+from pram_lib.core.validate import noise_consistency_test
+ch = types.SimpleNamespace(variables=["x"], noise=types.SimpleNamespace(cdf=lambda z: 1 / (1 + np.exp(-z))))
+assert noise_consistency_test(np.zeros(500), np.random.default_rng(1).logistic(size=500), ch)["p_value"] > 0
+pld._SPARSE_PRODUCT = 0   # every composition by FFT
+a = pld.PrivacyLoss.for_channel(np.array([[0.7, 0.2, 0.1], [0.2, 0.6, 0.2], [0.1, 0.3, 0.6]]))
+assert a.compose(pld.PrivacyLoss.for_ldp(1.0)).delta(2.0) >= 0
+print(sorted(m for m in ("scipy.stats", "scipy.signal") if m in sys.modules))
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
