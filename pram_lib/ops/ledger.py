@@ -16,6 +16,7 @@ unit when it has more decimals (an ε computed from a log), a cap rounded down; 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -338,18 +339,28 @@ def loss_of(recipe: list[dict]):
     return compose_all(parts) if parts else PrivacyLoss.for_ldp(0.0)   # nothing released: no loss
 
 
+@functools.lru_cache(maxsize=64)
+def composed_epsilon(parts: tuple[tuple[str, str, int], ...], delta: float) -> float:
+    """ε at `delta` of composing, in order, each part with itself `times` times: ("recipe", a ledger recipe's JSON,
+    times) or ("ldp", ε's JSON, times) for binary randomized response at ε. A pure function of its key, cached
+    (functools.lru_cache: module-level state, floats only): a run composes its population's history for the
+    report and again, the same releases, for its summary; at 19 releases that is about 1 s each."""
+    from pram_lib.core.pld import PrivacyLoss, compose_all
+
+    return compose_all([(loss_of(json.loads(key)) if kind == "recipe" else
+                         PrivacyLoss.for_ldp(json.loads(key))).self_compose(times)
+                        for kind, key, times in parts]).epsilon(delta)
+
+
 def composed(history: list[Spend], delta: float, extra: list[dict] | None = None) -> Composed:
     """The composed guarantee of the counted spends of `history` (and of `extra`, a release's recipe, if given)."""
-    from pram_lib.core.pld import compose_all
-
     counted = [s for s in history if s.status in COUNTED]
     recipes = [s.recipe() for s in counted] + ([extra] if extra is not None else [])
     alike: dict[str, int] = {}   # releases of one spec publish alike: each kind composed with itself once
     for r in recipes:
         key = json.dumps(r, sort_keys=True)
         alike[key] = alike.get(key, 0) + 1
-    eps = (compose_all([loss_of(json.loads(k)).self_compose(n) for k, n in alike.items()]).epsilon(delta)
-           if recipes else 0.0)
+    eps = composed_epsilon(tuple(("recipe", k, n) for k, n in alike.items()), delta) if recipes else 0.0
     beta = sum(x.get("gate", 0.0) + x.get("refusal", 0.0) for r in recipes for x in r)
     refusals = sum(1 for s in counted if s.status == "refused")
     pure = units_epsilon(sum(s.units for s in counted) + (epsilon_units(sum(x.get("ldp", x.get("epsilon", 0.0))
@@ -596,8 +607,6 @@ def per_record(history: list[Spend], delta: float, extra: list[dict] | None, lar
     release used the same channel, else binary randomized response at its largest ε, which dominates every
     ε-LDP channel). `whole` (every release composed for every record) is also an upper bound: the smaller is
     reported. Entries written before the recipe named its variables cannot be split: then `whole` stands."""
-    from pram_lib.core.pld import PrivacyLoss, compose_all
-
     recipes = [s.recipe() for s in history if s.status in COUNTED] + ([extra] if extra is not None else [])
     by_variable: dict[str, list[dict]] = {}
     for r in recipes:
@@ -613,10 +622,9 @@ def per_record(history: list[Spend], delta: float, extra: list[dict] | None, lar
         if times == 0:
             continue
         same = all(json.dumps(x, sort_keys=True) == json.dumps(entries[0], sort_keys=True) for x in entries)
-        loss = loss_of([entries[0]]) if same else PrivacyLoss.for_ldp(max(x.get("ldp", x.get("epsilon", 0.0))
-                                                                            for x in entries))
-        parts.append(loss.self_compose(times))
-    eps = compose_all(parts).epsilon(delta) if parts else 0.0
+        parts.append(("recipe", json.dumps([entries[0]], sort_keys=True), times) if same else
+                     ("ldp", json.dumps(max(x.get("ldp", x.get("epsilon", 0.0)) for x in entries)), times))
+    eps = composed_epsilon(tuple(parts), delta) if parts else 0.0
     if eps >= whole.epsilon:
         return whole
     return Composed(eps, whole.delta, whole.releases, whole.refusals, gate_delta(eps, whole.beta), whole.pure,

@@ -378,9 +378,10 @@ def test_the_populations_composed_epsilon_after_twelve_releases(tmp_path):
     they released: the sum of ε is 6.0 exactly; the composed ε at δ = 10^-6 matches the brute-force trinomial
     composition of the channels' privacy losses (within the stand-in's grid, 10^-4 per channel and release,
     rounded up: 24·10^-4) and is far below the sum; the gate's δ is (1 + e^ε)·12·β. The report's line for the
-    twelfth release (rendered before it settles) states the same figures."""
+    twelfth release (rendered before it settles) states the same figures, and the run's summary after it settles
+    takes them from the report's composition (the same releases)."""
     from flows.cli import choose_as_the_release
-    from pram_lib.ops.ledger import population_summary
+    from pram_lib.ops.ledger import composed_epsilon, population_summary
     from pram_lib.pipeline.publish import population_section
     from pram_lib.pipeline.release import privacy_recipe
 
@@ -397,7 +398,9 @@ def test_the_populations_composed_epsilon_after_twelve_releases(tmp_path):
     assert exact < 0.8 * 6.0                                        # composition: well below the sum 6.0
     line = population_section(spec, assignments)[0]                # the 12th release's report, before it settles
     settle_for(spec, "r11", 0.5, "synth-11", recipe=recipe)
+    hits = composed_epsilon.cache_info().hits
     summary = population_summary(spec)
+    assert composed_epsilon.cache_info().hits == hits + 1   # the report's composition, not made again
     assert summary.pure == 6.0 and summary.releases == 12 and summary.refusals == 0 and summary.delta == 1e-6
     assert exact - 1e-6 <= summary.epsilon <= exact + 24e-4
     assert summary.gate_delta == pytest.approx((1 + math.exp(exact)) * 12e-3, rel=3e-3)
