@@ -1,5 +1,5 @@
 """The optional C kernels (pram_lib/core/_fastpath.c), loaded with ctypes: family-(8) perturbation (uniforms from a
-numpy Generator or given), SipHash-2-4 for pram_lib.core.memo, the per-record ledger's lookup for
+numpy Generator or given), SipHash-2-4 for pram_lib.core.memo, the per-record ledger's lookup and accounting for
 pram_lib.ops.panel, and the two-sided Gamma noise from keyed uniforms (pram_lib.channels.gamma_law.sample_keyed).
 
 `python -m pram_lib.core.fastpath` compiles them next to this file (make install does). Without them, or with
@@ -69,6 +69,9 @@ def keep_uniform_kernel():
     lib.panel_index.argtypes = [p, i64, ctypes.c_int, i64, p]
     kernels["panel_index"] = lib.panel_index
     d = ctypes.c_double
+    lib.panel_admit.restype = i64
+    lib.panel_admit.argtypes = [p, p, p, p, p, i64, d, d, p, p, p, p, p, i64]
+    kernels["panel_admit"] = lib.panel_admit
     lib.gamma_keyed.restype = None
     lib.gamma_keyed.argtypes = [p, i64, u64, u64, u64, d, d, d, d, d, p]
     kernels["gamma_keyed"] = lib.gamma_keyed

@@ -759,22 +759,64 @@ class MemoChunk:
         h = memo.prf.hashes(self.rid, tag_of("pair", variable, memo.fingerprints[variable]),
                             np.asarray(words).astype(np.int64, copy=False).view(np.uint64))
         self._hash[variable] = h
-        ok = np.ones(h.size, dtype=bool)
         if memo.epsilon[variable] <= 0:   # memoized, not accounted (a noise channel spends no ε)
-            return ok
+            return np.ones(h.size, dtype=bool)
+        live = np.ascontiguousarray(live, dtype=bool)
+        ok, moved, changed, blocked = self.account(variable, h, live)
+        self.out.pairs[variable] = [_sparse(self.start, moved, h)]   # the pairs that become the record's last
+        self.out.changed[variable] = changed
+        self.out.blocked[variable] = blocked
+        return ok
+
+    def account(self, variable: str, h: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(whether each row releases, the rows whose pair becomes their record's last, how many rows already in
+        the ledger paid, how many were blocked at the cap) for the variable's pair hashes `h`, charging the rows'
+        loss and charge: in one pass by the C kernel `panel_admit` (pram_lib/core/_fastpath.c), or by its numpy
+        twin `account_numpy`, which gives the same."""
+        from pram_lib.core import fastpath
+
+        lib = fastpath.keep_uniform_kernel()
+        if lib is None:
+            return self.account_numpy(variable, h, live)
+        state = self.memo.state
+        last = history = None
+        if variable in state.last and state.records.size:
+            last = self._last_pairs(variable)
+            history = np.ascontiguousarray(state.history[variable], dtype=np.uint64)
+        n = h.size
+        ok, moved, counts = np.empty(n, dtype=bool), np.empty(n, dtype=np.int64), np.zeros(2, dtype=np.int64)
+        pos = np.ascontiguousarray(self.pos, dtype=np.int64)
+        k = lib["panel_admit"](np.ascontiguousarray(h, dtype=np.uint64).ctypes.data,
+                               None if last is None else last.ctypes.data, pos.ctypes.data, live.ctypes.data,
+                               None if history is None else history.ctypes.data, 0 if history is None else history.size,
+                               self.memo.units(variable), self.memo.cap_units, self.loss.ctypes.data,
+                               self.charge.ctypes.data, ok.ctypes.data, moved.ctypes.data, counts.ctypes.data, n)
+        return ok, (moved[:k].copy() if k < n else moved), int(counts[0]), int(counts[1])
+
+    def account_numpy(self, variable: str, h: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """`account` in numpy."""
+        memo = self.memo
         eps = memo.units(variable)
-        last, new = memo.state.seen(variable, self.pos, h, self.lasts.get(variable))
+        state = memo.state
+        last, new = state.seen(variable, self.pos, h, self._last_pairs(variable) if variable in state.last else None)
         new &= live
         ok = self.loss + eps <= memo.cap_units   # whole pico-ε: exact
         ok |= ~new
         paid = new & ok
         np.add(self.loss, eps, out=self.loss, where=paid)
         np.add(self.charge, eps, out=self.charge, where=paid)
-        moved = np.flatnonzero(live & ok & ~last)      # the pairs that become the record's last
-        self.out.pairs[variable] = [_sparse(self.start, moved, h)]
-        self.out.changed[variable] = int(np.count_nonzero(paid & self.known))
-        self.out.blocked[variable] = ok.size - int(np.count_nonzero(ok))
-        return ok
+        moved = np.flatnonzero(live & ok & ~last)
+        return ok, moved, int(np.count_nonzero(paid & self.known)), ok.size - int(np.count_nonzero(ok))
+
+    def _last_pairs(self, variable: str) -> np.ndarray:
+        """Each row's last released pair of `variable` (0: none): from the ledger read, else read now."""
+        last = self.lasts.get(variable)
+        if last is None:
+            state = self.memo.state
+            last = np.zeros(self.pos.size, dtype=np.uint64)
+            last[self.known] = state.last[variable][self.pos[self.known]]
+            self.lasts[variable] = last
+        return np.ascontiguousarray(last, dtype=np.uint64)
 
     def finish(self) -> PanelChunk:
         """The chunk's accounting, once every variable is admitted."""

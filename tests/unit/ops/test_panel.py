@@ -805,3 +805,62 @@ def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_record
         assert got.per_record and one - 1e-9 <= got.epsilon <= one + 2e-4   # the grid rounds losses up by ≤ 1e-4
         assert "worst record" in got.line()
     assert abs(got.pure - 3 * eps) < 1e-9
+
+
+@pytest.mark.parametrize("case", ["steady", "empty ledger", "variable not in the ledger", "no history"])
+def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case, monkeypatch):
+    """MemoChunk.account for one variable: the C kernel, the numpy twin and a row-by-row reading of the rule agree
+    (a pair is free when it is the record's last or in the variable's history; a new pair of a live row costs ε
+    while the record's loss plus ε stays within the cap, a loss exactly at cap - ε included; a blocked row keeps
+    its loss), on rows of every kind: new records, unchanged, changed back to an earlier value, changed to a new
+    value, not live, and at the cap's edge."""
+    from pram_lib.core import fastpath
+
+    assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
+    rng = np.random.default_rng(7)
+    m, n, eps, cap = 3000, 2000, 0.5, 4.0
+    state = ledger(rng.integers(0, 2**64, m, dtype=np.uint64), rng, variables=("a",) if case != "variable not in "
+                   "the ledger" else ("b",)) if case != "empty ledger" else panel.PanelState()
+    state.history = {v: np.sort(rng.integers(1, 2**63, 0 if case == "no history" else 500, dtype=np.uint64))
+                     for v in state.last}
+    memo = panel.Memo(KeyedPrf(bytes(16)), state, "k", cap, 0.0, {"a": eps}, {"a": "fa"})
+    units, cap_units = memo.units("a"), memo.cap_units
+    pos = np.where(rng.random(n) < 0.8, rng.integers(0, max(m, 1), n), -1) if state.records.size else np.full(n, -1)
+    rtag = np.where(pos >= 0, state.records[np.maximum(pos, 0)] if state.records.size else 0, 0).astype(np.uint64)
+    loss = rng.choice([0.0, 1.0, cap - eps, cap - eps / 2, cap], n) * panel.PICO
+    lasts = {v: np.where(pos >= 0, state.last[v][np.maximum(pos, 0)], 0).astype(np.uint64) for v in state.last}
+    h = rng.integers(1, 2**63, n, dtype=np.uint64)
+    kind = rng.integers(0, 3, n)   # 0: a new value, 1: the record's last, 2: an earlier value
+    if "a" in state.last:
+        h = np.where((kind == 1) & (pos >= 0), lasts["a"], h)
+        if state.history["a"].size:
+            h = np.where((kind == 2) & (pos >= 0), rng.choice(state.history["a"], n), h)
+    live = rng.random(n) < 0.9
+
+    def chunk():
+        return panel.MemoChunk(memo, np.arange(n), pos.copy(), rtag, loss.copy(), 0, dict(lasts))
+
+    c_chunk, np_chunk = chunk(), chunk()
+    got = c_chunk.account("a", h, live)
+    want = np_chunk.account_numpy("a", h, live)
+    monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+    assert all(np.array_equal(g, w) for g, w in zip(got[:2], want[:2])) and got[2:] == want[2:]
+    assert np.array_equal(c_chunk.loss, np_chunk.loss) and np.array_equal(c_chunk.charge, np_chunk.charge)
+
+    history = set(state.history.get("a", np.empty(0)).tolist())
+    ok, moved, changed, blocked, charge = [], [], 0, 0, np.zeros(n)
+    for i in range(n):
+        known = pos[i] >= 0
+        is_last = "a" in state.last and known and int(lasts["a"][i]) == int(h[i])
+        fresh = live[i] and not is_last and not ("a" in state.last and known and int(h[i]) in history)
+        allowed = not fresh or loss[i] + units <= cap_units
+        if fresh and allowed:
+            charge[i] = units
+            changed += known
+        blocked += not allowed
+        ok.append(allowed)
+        if live[i] and allowed and not is_last:
+            moved.append(i)
+    assert np.array_equal(got[0], ok) and got[1].tolist() == moved and got[2:] == (changed, blocked)
+    assert np.array_equal(c_chunk.charge, charge) and np.array_equal(c_chunk.loss, loss + charge)
+    assert 0 < blocked < n and (changed > 0) == bool(state.records.size)   # the cases the rule tells apart occur
