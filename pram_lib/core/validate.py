@@ -477,9 +477,10 @@ def noise_consistency_test(source: np.ndarray, released: np.ndarray, channel, le
     if x.shape != z.shape or not np.array_equal(np.isnan(x), np.isnan(z)):
         return {**base, "passed": False, "statistic": float("nan"), "p_value": 0.0, "deterministic": True,
                 "reason": "missing values or row count changed", "message": f"{name}: rows or missingness changed"}
-    statistic, p_value = ks_two_sided(np.sort((z - x)[~np.isnan(x)]), channel.noise.cdf)
+    d = np.sort((z - x)[~np.isnan(x)])
+    statistic, p_value = ks_two_sided(d, channel.noise.cdf)
     passed = bool(p_value >= level)
-    description = f"{name}: KS D = {statistic:.4g} on {int(np.sum(~np.isnan(x)))} differences"
+    description = f"{name}: KS D = {statistic:.4g} on {d.size} differences"
     return {**base, "passed": passed, "statistic": statistic, "p_value": p_value,
             "reason": None if passed else f"p = {p_value:.3g} < {level:g}", "description": description,
             "message": f"{description}, p = {p_value:.3g}"}
