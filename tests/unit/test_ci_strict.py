@@ -69,7 +69,10 @@ def test_ci_run_fails_with_pytest_exit_5_when_no_test_ran():
     root = TESTS.parent
     if subprocess.run(["make", "-q", ".venv/.installed"], cwd=root).returncode != 0:
         pytest.skip("the venv is older than requirements.txt: `make test` would reinstall it first")
-    env = os.environ | {"PYTEST_ARGS": "-k no_test_has_this_name tests/unit/test_ci_strict.py"}
+    # an outer `make test VAR=...` passes its command-line variables down in MAKEFLAGS, where they would override
+    # this PYTEST_ARGS (and run the whole suite): the inner make starts as CI starts it, with none
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")} | \
+        {"PYTEST_ARGS": "-k no_test_has_this_name tests/unit/test_ci_strict.py"}
     run = subprocess.run(["bash", ".ci/run"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 5, run.stdout + run.stderr
     assert "CI: pytest collected no tests (exit 5); failing on purpose" in run.stderr

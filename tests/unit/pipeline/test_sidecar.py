@@ -77,8 +77,25 @@ def test_without_helpers_the_call_runs_here(monkeypatch):
         assert off.pool is None
 
 
-def test_leaving_the_block_waits_for_the_job_under_way_and_cancels_the_rest(tmp_path):
-    """A failed run removes its staging folder after the block: nothing may write there afterwards."""
+def test_leaving_the_block_normally_waits_for_the_job_under_way_and_cancels_the_rest(tmp_path):
+    """A release that leaves its helpers after its last job has handed in everything that job writes."""
+    marker = tmp_path / "written"
+    with sidecar.Helpers() as helpers:
+        helpers.submit(time.sleep, 0.0).result()   # the worker is up
+        running = helpers.submit(_sleep_then_write, 1.0, str(marker))
+        queued = [helpers.submit(_sleep_then_write, 0.5, str(tmp_path / f"queued-{i}")) for i in range(3)]
+        time.sleep(0.2)
+        workers = list(helpers.processes)
+    assert running.done() and running.exception() is None and marker.exists()
+    # how many queued jobs the pool had already handed to its call queue depends on timing (EXTRA_QUEUED_CALLS);
+    # what must hold whatever the timing: each is over (run or cancelled) when the block is left
+    assert all(q.done() for q in queued)
+    assert len(workers) == sidecar.HELPER_WORKERS and all(w.exitcode == 0 for w in workers)
+
+
+def test_leaving_the_block_by_an_exception_kills_the_workers_and_nothing_is_written_afterwards(tmp_path):
+    """A failed run removes its staging folder after the block: nothing may write there afterwards, and the
+    run does not wait for work of no use to it (the worker's GX import, a job under way)."""
     marker = tmp_path / "written"
     with pytest.raises(RuntimeError):
         with sidecar.Helpers() as helpers:
@@ -86,14 +103,23 @@ def test_leaving_the_block_waits_for_the_job_under_way_and_cancels_the_rest(tmp_
             running = helpers.submit(_sleep_then_write, 1.0, str(marker))
             queued = [helpers.submit(_sleep_then_write, 0.5, str(tmp_path / f"queued-{i}")) for i in range(3)]
             time.sleep(0.2)
+            workers = list(helpers.processes)
             raise RuntimeError("a step failed")
-    assert running.done() and marker.exists()   # finished before the block was left
-    written = sorted(tmp_path.iterdir())
-    # how many queued jobs the pool had already handed to its call queue depends on timing (EXTRA_QUEUED_CALLS);
-    # what must hold whatever the timing: each is over (run or cancelled) when the block is left
+    assert len(workers) == sidecar.HELPER_WORKERS
+    assert all(w.exitcode == -signal.SIGKILL for w in workers)   # killed, not left to finish its job
+    assert running.done() and not running.cancelled() and running.exception() is not None
     assert all(q.done() for q in queued)
-    time.sleep(1.5)
-    assert sorted(tmp_path.iterdir()) == written   # nothing written after the block was left
+    time.sleep(1.5)   # past the killed job's write
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_run_does_not_wait_for_its_helper_to_import():
+    """Left by an exception at once: the worker is killed while it imports GX (its initializer), not joined after."""
+    with pytest.raises(RuntimeError):
+        with sidecar.Helpers() as helpers:
+            workers = list(helpers.processes)
+            raise RuntimeError("the spec's source is missing")
+    assert workers and all(w.exitcode == -signal.SIGKILL for w in workers)
 
 
 def _sleep_then_write(seconds: float, path: str) -> None:
