@@ -25,13 +25,28 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests live in unit/, contract/ and system/; their shared helpers (synth.py, fault_runner.py) live here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# The files that take longest (about a minute or more each on 2 cores, `make test`'s --durations), run first:
+# pytest-xdist's loadfile scheduling hands out files in collection order, so the run ends on short files instead
+# of one worker finishing a long one alone (the longest-processing-time-first rule).
+LONGEST_FIRST = ("system/test_faults.py", "system/test_trust_prefect.py", "system/test_load.py",
+                 "system/test_scale_flow.py", "contract/test_family_contract.py", "system/test_flow.py")
+
+
 @pytest.hookimpl(tryfirst=True)   # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
     """`slow` (left out by `make test-fast`) on every test that starts the Prefect server, besides the files
-    and tests that declare it (every system test: a contract test keeps them marked)."""
+    and tests that declare it (every system test: a contract test keeps them marked); then LONGEST_FIRST's
+    files first (a stable sort: every other test keeps its place)."""
     for item in items:
         if "prefect_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def place(item) -> int:
+        path = Path(str(item.fspath)).as_posix()
+        return next((i for name, i in rank.items() if path.endswith("/tests/" + name)), len(rank))
+
+    items.sort(key=place)
 
 
 # under CI a missing dependency fails the run instead of skipping tests (tests/ci_strict.py)
