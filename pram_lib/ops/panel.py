@@ -301,16 +301,18 @@ class PanelStore:
             raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
                              "store's backup (releasing without it would charge every record afresh)") from None
 
-    def save(self, state: PanelState) -> None:
+    def save(self, state: "PanelState | Settlement") -> None:
         """What the release changed appended to the deltas (`append_delta`) when the ledger on disk is the one the
-        release read and the deltas stay under a quarter of its size; else the whole ledger (`save_whole`)."""
-        d, base = state.delta, self.folder / STATE_FILE
+        release read and the deltas stay under a quarter of its size; else the whole ledger (`save_whole`; a
+        Settlement makes it only then)."""
+        settled = state if isinstance(state, Settlement) else Settlement.of(state)
+        d, base = settled.delta, self.folder / STATE_FILE
         if d is not None and base.is_file() and not (self.folder / LEGACY_STATE_FILE).exists():
             blocks, end = read_deltas(self.folder / DELTA_FILE)
             if end + d.nbytes <= DELTA_SHARE * base.stat().st_size and len(blocks) < MAX_DELTAS:
-                append_delta(self.folder / DELTA_FILE, end, state, d)
+                append_delta(self.folder / DELTA_FILE, end, settled.head(), d)
                 return
-        self.save_whole(state)
+        self.save_whole(settled.whole())
 
     def save_whole(self, state: PanelState) -> None:
         """Atomically: a temporary file, fsync'd, renamed over the old one, then the deltas it includes dropped. The file is .npy arrays one after the
@@ -422,16 +424,14 @@ def largest_units(state: PanelState) -> int:
     return int(state.loss.max()) if state.loss.size else 0
 
 
-def append_delta(path: Path, end: int, state: PanelState, d: PanelDelta) -> None:
+def append_delta(path: Path, end: int, head: dict, d: PanelDelta) -> None:
     """One framed block (magic, payload length, SHA-256 of the payload, then the payload: .npy arrays in turn)
-    appended at `end` (anything after it, a block a crash cut short, is cut off first), fsync'd."""
+    appended at `end` (anything after it, a block a crash cut short, is cut off first), fsync'd. `head`:
+    Settlement.head."""
     import hashlib
     import io
 
-    names = list(state.last)
-    head = {"releases": int(state.releases), "variables": names,
-            "channels": [state.channels.get(n, "") for n in names],   # as the whole ledger keeps them
-            "largest": largest_units(state)}
+    names = head["variables"]
     buf = io.BytesIO()
     for a in [np.array(json.dumps(head)), d.new_tags, d.tags, d.loss, d.lasts] + [d.added[n] for n in names]:
         np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
@@ -508,6 +508,50 @@ def apply_deltas(state: PanelState, blocks: list[DeltaBlock], table: np.ndarray)
     return PanelState(records, loss, last, history, blocks[-1].channels, blocks[-1].releases)
 
 
+@dataclass
+class Settlement:
+    """The per-record ledger after a release: what the release changed (`delta`, against the ledger read, when its
+    variables are the ledger's) and the whole ledger, made from the ledger read and the delta only when asked
+    for (`whole`: a copy of every array, which a release that appends its delta never needs)."""
+
+    before: PanelState
+    releases: int
+    channels: dict[str, str]
+    delta: PanelDelta | None
+    largest: int                          # the ledger's largest cumulative pico-ε of a record afterwards
+    _whole: PanelState | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, state: PanelState) -> "Settlement":
+        """A whole ledger (and the delta it carries, if any)."""
+        return cls(state, state.releases, state.channels, state.delta, largest_units(state), state)
+
+    def head(self) -> dict:
+        """The header of the delta block that brings the ledger read to this one."""
+        names = list(self.before.last)
+        return {"releases": int(self.releases), "variables": names,
+                "channels": [self.channels.get(n, "") for n in names],   # as the whole ledger keeps them
+                "largest": int(self.largest)}
+
+    def whole(self) -> PanelState:
+        """The whole ledger: the ledger read with the delta applied (apply_deltas, as a later load does), its
+        arrays fresh (the ledger read is left as read); those the delta leaves alone are shared."""
+        if self._whole is None:
+            old, d = self.before, self.delta
+            names, table = last_pair_table(old)
+            if not d.tags.size and not d.new_tags.size:
+                state = PanelState(old.records, old.loss, dict(old.last), dict(old.history), dict(self.channels),
+                                   self.releases)
+            else:
+                base = PanelState(old.records, old.loss if d.new_tags.size else old.loss.copy(), dict(old.last),
+                                  dict(old.history), old.channels, old.releases)
+                block = DeltaBlock(self.releases, names, dict(self.channels), d, self.largest)
+                state = apply_deltas(base, [block], table if d.new_tags.size else table.copy())
+            state.delta = d
+            self._whole = state
+        return self._whole
+
+
 Sparse = tuple[np.ndarray | int, np.ndarray]   # (rows of the release, values); rows an int: every row of a chunk
 #                                               from that row on (a first release: no array of row numbers)
 
@@ -540,6 +584,15 @@ class PanelChunk:
                           {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()},
                           max(self.largest_loss, other.largest_loss), self.at_cap + other.at_cap,
                           self.noise_kernels | other.noise_kernels)
+
+
+def _index_in(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each of `wanted` is in the distinct `keys` (each is there): np.searchsorted, `keys` sorted first if
+    they are not."""
+    if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+        order = np.argsort(keys)
+        return order[np.searchsorted(keys[order], wanted)]
+    return np.searchsorted(keys, wanted)
 
 
 def _joined(parts: list[Sparse], dtype) -> Sparse:
@@ -616,11 +669,18 @@ class Memo:
 
 
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
-        """The ledger after this release, and its summary (counts only). The newcomers are inserted where they sort
-        (np.searchsorted in the ledger, then one np.insert per array: a copy, no sort of the ledger); only
-        the rows that paid or released a new value are then updated. A first release (an empty ledger) writes its
-        ε and pairs by release row (slices, no row numbers) and gathers the ledger's rows from them once (np.take
-        by the inverse of each row's position: sequential writes, one read a row) instead of scattering each
+        """The whole ledger after this release, and its summary (counts only): `settlement`'s, made whole."""
+        settlement, summary = self.settlement(chunks)
+        return settlement.whole(), summary
+
+    def settlement(self, chunks: PanelChunk) -> tuple[Settlement, dict]:
+        """The ledger after this release, and its summary (counts only). When the release's variables are the
+        ledger's, only what it changed (`_delta`: the rows that paid, are new or released a new value), the whole
+        ledger left to be made if it is written whole. Else the whole ledger: the newcomers inserted where they
+        sort (np.searchsorted in the ledger, then one np.insert per array: a copy, no sort of the ledger), then
+        the rows that paid or released a new value updated. A first release (an empty ledger) writes its ε and
+        pairs by release row (slices, no row numbers) and gathers the ledger's rows from them once (np.take by
+        the inverse of each row's position: sequential writes, one read a row) instead of scattering each
         variable's pairs row by row."""
         old = self.state
         pos = np.concatenate(chunks.pos)
@@ -643,6 +703,13 @@ class Memo:
                                      "released or charged",
                                      "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on "
                                      "none")
+        paid_rows, paid = _joined(chunks.charge, np.float64)
+        names, before_table = last_pair_table(old) if old.records.size else ([], None)
+        if old.records.size and names == self.charged:
+            delta = self._delta(chunks, pos, fresh_rows, fresh_tags, newcomers, paid_rows, paid, before_table)
+            largest = max(largest_units(old), int(delta.loss.max()) if delta.loss.size else 0)
+            settlement = Settlement(old, old.releases + 1, dict(self.fingerprints), delta, largest)
+            return settlement, self._summary(settlement.releases, chunks, pos.size, fresh_rows.size, paid)
         ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
         m, n = old.records.size, old.records.size + ins.size
         records = newcomers if not m else np.insert(old.records, ins, newcomers) if ins.size else old.records
@@ -660,47 +727,67 @@ class Memo:
             return np.insert(a, ins, fill) if ins.size else a.copy()
 
         # an array nothing changes is the old one, shared (the old state is read, never written)
-        paid_rows, paid = _joined(chunks.charge, np.float64)
         if not m:   # a first release: ledger row i is release row ledger_row[i]
             ledger_row = np.empty(n, dtype=np.int64)
             ledger_row[pos] = np.arange(n)
-            return self._first_settled(chunks, records, ledger_row, paid_rows, paid)
+            state, summary = self._first_settled(chunks, records, ledger_row, paid_rows, paid)
+            return Settlement.of(state), summary
         loss = old.loss if m and not ins.size and not paid.size else grown(old.loss, 0.0, np.float64)
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
-        last, history, added_by = {}, {}, {}
-        names, before_table = last_pair_table(old) if m else ([], None)
+        last, history = {}, {}
         pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
-        if names == self.charged and m:   # the same variables: the old table copied whole, newcomers' rows 0
-            table = np.insert(before_table, ins, 0, axis=0) if ins.size else \
-                before_table if not any(p.size for _, p in pairs.values()) else before_table.copy()
-        else:                             # row-major: a record's last pairs together
-            table = np.zeros((n, len(self.charged)), dtype=np.uint64)
-            for j, v in enumerate(self.charged):
-                if v in old.last and m:
-                    table[:, j] = np.insert(old.last[v], ins, 0) if ins.size else old.last[v]
-        changed_rows: list[np.ndarray] = []
+        table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
+        for j, v in enumerate(self.charged):
+            if v in old.last:
+                table[:, j] = np.insert(old.last[v], ins, 0) if ins.size else old.last[v]
         for j, v in enumerate(self.charged):
             lv = table[:, j]
             before = old.last.get(v)
             rows, pair = pairs.pop(v)
-            changed_rows.append(rows)
             at = pos[rows]
             replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0
             if at.size:
                 lv[at] = pair
             last[v] = lv
             added = np.sort(replaced[replaced != 0])
-            added_by[v] = added
             before = old.history.get(v)
             history[v] = added if before is None else \
                 np.insert(before, np.searchsorted(before, added), added) if added.size else before
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
-        if m and names == self.charged:    # the ledger's variables: what changed is a delta of it
-            changed = np.unique(np.concatenate([pos[paid_rows], pos[fresh_rows]] +
-                                               [pos[r] for r in changed_rows]))
-            state.delta = PanelDelta(newcomers, records[changed], loss[changed], table[changed],
-                                     {v: added_by[v] for v in self.charged})
-        return state, self._summary(state, chunks, pos.size, fresh_rows.size, paid)
+        return Settlement.of(state), self._summary(state.releases, chunks, pos.size, fresh_rows.size, paid)
+
+    def _delta(self, chunks: PanelChunk, pos: np.ndarray, fresh_rows: np.ndarray, fresh_tags: np.ndarray,
+               newcomers: np.ndarray, paid_rows: np.ndarray, paid: np.ndarray, table: np.ndarray) -> PanelDelta:
+        """What the release changes in the ledger read, whose variables are the release's (`table`: its last
+        pairs): the rows that paid, are new or released a new pair, by record tag (sorted), with their cumulative
+        ε and last pairs afterwards, and per variable the pairs they replaced (added to its history). Reads only
+        those rows of the ledger (no copy of it)."""
+        old = self.state
+        pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
+        touched = np.zeros(pos.size, dtype=bool)   # a mask, not np.unique: numpy 2.4's hashes integers, 2 s a 10^6
+        for r in [paid_rows, fresh_rows] + [r for r, _ in pairs.values()]:
+            touched[r] = True
+        rows = np.flatnonzero(touched)
+        del touched
+        at = pos[rows]
+        known = at >= 0
+        tags = np.empty(rows.size, dtype=np.uint64)
+        tags[known] = old.records[at[known]]
+        tags[~known] = fresh_tags[_index_in(fresh_rows, rows[~known])]
+        loss = np.zeros(rows.size)
+        loss[known] = old.loss[at[known]]
+        loss[_index_in(rows, paid_rows)] += paid   # a record is one row: no repeated index
+        lasts = np.zeros((rows.size, len(self.charged)), dtype=np.uint64)
+        lasts[known] = table[at[known]]
+        added = {}
+        for j, v in enumerate(self.charged):
+            r, pair = pairs[v]
+            i = _index_in(rows, r)
+            replaced = lasts[i, j]
+            added[v] = np.sort(replaced[replaced != 0])
+            lasts[i, j] = pair
+        order = np.argsort(tags)
+        return PanelDelta(newcomers, tags[order], loss[order], lasts[order], added)
 
     def _first_settled(self, chunks: PanelChunk, records: np.ndarray, ledger_row: np.ndarray,
                        paid_rows: np.ndarray, paid: np.ndarray) -> tuple[PanelState, dict]:
@@ -721,12 +808,12 @@ class Memo:
         state = PanelState(records, loss, {v: table[:, j] for j, v in enumerate(self.charged)},
                            {v: self.state.history.get(v, np.empty(0, dtype=np.uint64)) for v in self.charged},
                            dict(self.fingerprints), self.state.releases + 1)
-        return state, self._summary(state, chunks, n, n, paid)
+        return state, self._summary(state.releases, chunks, n, n, paid)
 
-    def _summary(self, state: PanelState, chunks: PanelChunk, rows: int, new: int, paid: np.ndarray) -> dict:
-        """What `settled` says of the release: counts and ε, never a value."""
+    def _summary(self, releases: int, chunks: PanelChunk, rows: int, new: int, paid: np.ndarray) -> dict:
+        """What `settlement` says of the release: counts and ε, never a value."""
         old = self.state
-        return {"release": state.releases, "records": rows, "new_records": new,
+        return {"release": releases, "records": rows, "new_records": new,
                 "paid_nothing": rows - paid.size, "paid": int(paid.size),
                 "largest_charge": float(paid.max()) / PICO if paid.size else 0.0,
                 "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if rows else 0.0, "cap": self.cap,
@@ -864,9 +951,9 @@ def population_lock(spec) -> Iterator[None]:
 def settle(spec, memo: Memo, totals: PanelChunk) -> dict:
     """Write the population's per-record ledger after this release (before it is published: a crash between the
     two over-charges, never under-charges) and return its summary (counts only)."""
-    state, summary = memo.settled(totals)
+    settlement, summary = memo.settlement(totals)
     store = PanelStore(spec.resolve(spec.private_store), spec.population.key)
-    store.save(state)
+    store.save(settlement)
     for digest in filter(None, totals.noise_kernels):
         store.keep_noise_digest(digest)
     return summary

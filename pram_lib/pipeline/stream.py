@@ -474,7 +474,7 @@ def predicted_charge(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     plan = dataclasses.replace(make_plan(spec, profile, assignments, seed, None, spec.engine.mode, charge=False),
                                sample_p=0.0)
     totals = perturb_pass(plan)
-    return plan.memo.settled(totals.panel)[1]
+    return plan.memo.settlement(totals.panel)[1]
 
 
 def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = True) -> Memo:

@@ -598,15 +598,21 @@ def test_a_ledger_in_the_former_zip_format_is_read_and_replaced(tmp_path):
     assert np.array_equal(store.load().loss, np.ceil(state.loss * 1e12))   # ε as floats became whole pico-ε
 
 
+@pytest.mark.parametrize("kept", [("a", "gone"), ("a", "b")])
 @pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("old_size, new_size", [(0, 300), (400, 0), (400, 150), (1, 1)])
-def test_settled_equals_a_dict_of_records(old_size, new_size, table):
+def test_settled_equals_a_dict_of_records(old_size, new_size, table, kept):
     """The settled ledger against a dict per record: newcomers inserted in tag order, ε added where paid, each
     variable's last pair replaced where released and the replaced one added to its sorted history; a variable the
-    ledger did not have starts at 0, one no longer released is dropped; in two chunks, one kept without row numbers."""
+    ledger did not have starts at 0, one no longer released is dropped; in two chunks, one kept without row numbers.
+    The ledger's variables the release's (kept a, b): made from the release's delta; the ledger read is left as
+    read."""
     rng = np.random.default_rng(old_size + new_size + table)
-    state = ledger(rng.integers(0, 2**64, old_size, dtype=np.uint64), rng, ("a", "gone"), table=table)
-    state.history = {"a": np.sort(rng.integers(1, 2**63, 20, dtype=np.uint64)), "gone": np.empty(0, np.uint64)}
+    state = ledger(rng.integers(0, 2**64, old_size, dtype=np.uint64), rng, kept, table=table)
+    state.history = {"a": np.sort(rng.integers(1, 2**63, 20, dtype=np.uint64)),
+                     kept[1]: np.sort(rng.integers(1, 2**63, 5, dtype=np.uint64))}
+    as_read = [state.records.copy(), state.loss.copy()] + [state.last[v].copy() for v in kept] + \
+        [state.history[v].copy() for v in kept]
     memo = panel.Memo(KeyedPrf(bytes(16)), state, "k", 100.0, 0.0, {"a": 0.5, "b": 0.25}, {"a": "fa", "b": "fb"})
     fresh_tags = rng.integers(0, 2**64, new_size, dtype=np.uint64)
     n = old_size + new_size
@@ -626,13 +632,16 @@ def test_settled_equals_a_dict_of_records(old_size, new_size, table):
             c.changed[v], c.blocked[v] = 0, 0
         chunks.append(c)
     got, _ = memo.settled(chunks[0] + chunks[1])
+    after = [state.records, state.loss] + [state.last[v] for v in kept] + [state.history[v] for v in kept]
+    assert all(np.array_equal(a, b) for a, b in zip(as_read, after))
     # the dict model
-    rec = {int(t): {"loss": float(state.loss[j]), "a": int(state.last["a"][j]), "b": 0} for j, t in
-           enumerate(state.records)}
+    rec = {int(t): {"loss": float(state.loss[j]), "a": int(state.last["a"][j]),
+                    "b": int(state.last["b"][j]) if "b" in kept else 0} for j, t in enumerate(state.records)}
     tag_of_row = [int(state.records[p]) if p >= 0 else int(fresh_tags[r - old_size]) for r, p in enumerate(pos)]
     for t in fresh_tags:
         rec[int(t)] = {"loss": 0.0, "a": 0, "b": 0}
-    history = {"a": [int(x) for x in state.history["a"]], "b": []}
+    history = {"a": [int(x) for x in state.history["a"]],
+               "b": [int(x) for x in state.history["b"]] if "b" in kept else []}
     for c in chunks:
         for rows, paid in c.charge:
             rows = np.arange(rows, rows + paid.size) if isinstance(rows, int) else rows
@@ -685,7 +694,7 @@ def _same_state(a: panel.PanelState, b: panel.PanelState) -> None:
 
 def _monthly(tmp_path, monkeypatch, months: int):
     """`months` releases, 5 % of values changed and 2 % new records each month; yields after each settle the
-    state the release settled in memory and the files of the population's folder."""
+    state the release settled in memory (whole) and the files of the population's folder."""
     saved = []
     real = panel.PanelStore.save
     monkeypatch.setattr(panel.PanelStore, "save", lambda self, state: (saved.append(state), real(self, state))[1])
@@ -693,7 +702,8 @@ def _monthly(tmp_path, monkeypatch, months: int):
     folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
     for month in range(months):
         release_once(tmp_path, df, spec_path, seed=month)
-        yield saved[-1], folder
+        yield saved[-1].whole(), folder   # the whole ledger in memory (a settlement that appended its delta
+        #                                   makes it only now)
         df = next_month(df, rng)
 
 
