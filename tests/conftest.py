@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # The files that take longest (about a minute or more each on 2 cores, `make test`'s --durations), run first:
-# pytest-xdist's loadfile scheduling hands out files in collection order, so the run ends on short files instead
-# of one worker finishing a long one alone (the longest-processing-time-first rule).
+# pytest-xdist's loadfile scheduling hands out files in collection order (the Makefile's --no-loadscope-reorder),
+# so the run ends on short files instead of one worker finishing a long one alone (longest processing time first).
 LONGEST_FIRST = ("system/test_faults.py", "system/test_trust_prefect.py", "system/test_load.py",
                  "system/test_scale_flow.py", "contract/test_family_contract.py", "system/test_flow.py")
 
