@@ -81,11 +81,7 @@ def test_leaving_the_block_normally_waits_for_the_job_under_way_and_cancels_the_
     """A release that leaves its helpers after its last job has handed in everything that job writes."""
     marker = tmp_path / "written"
     with sidecar.Helpers() as helpers:
-        helpers.submit(time.sleep, 0.0).result()   # the worker is up
-        running = helpers.submit(_sleep_then_write, 1.0, str(marker))
-        queued = [helpers.submit(_sleep_then_write, 0.5, str(tmp_path / f"queued-{i}")) for i in range(3)]
-        time.sleep(0.2)
-        workers = list(helpers.processes)
+        running, queued, workers = _busy(helpers, marker)
     assert running.done() and running.exception() is None and marker.exists()
     # how many queued jobs the pool had already handed to its call queue depends on timing (EXTRA_QUEUED_CALLS);
     # what must hold whatever the timing: each is over (run or cancelled) when the block is left
@@ -99,11 +95,7 @@ def test_leaving_the_block_by_an_exception_kills_the_workers_and_nothing_is_writ
     marker = tmp_path / "written"
     with pytest.raises(RuntimeError):
         with sidecar.Helpers() as helpers:
-            helpers.submit(time.sleep, 0.0).result()   # the worker is up
-            running = helpers.submit(_sleep_then_write, 1.0, str(marker))
-            queued = [helpers.submit(_sleep_then_write, 0.5, str(tmp_path / f"queued-{i}")) for i in range(3)]
-            time.sleep(0.2)
-            workers = list(helpers.processes)
+            running, queued, workers = _busy(helpers, marker)
             raise RuntimeError("a step failed")
     assert len(workers) == sidecar.HELPER_WORKERS
     assert all(w.exitcode == -signal.SIGKILL for w in workers)   # killed, not left to finish its job
@@ -120,6 +112,15 @@ def test_a_failed_run_does_not_wait_for_its_helper_to_import():
             workers = list(helpers.processes)
             raise RuntimeError("the spec's source is missing")
     assert workers and all(w.exitcode == -signal.SIGKILL for w in workers)
+
+
+def _busy(helpers: sidecar.Helpers, marker: Path):
+    """(a job under way that writes `marker` after 1 s, three queued jobs writing beside it, the pool's workers)."""
+    helpers.submit(time.sleep, 0.0).result()   # the worker is up
+    running = helpers.submit(_sleep_then_write, 1.0, str(marker))
+    queued = [helpers.submit(_sleep_then_write, 0.5, str(marker.parent / f"queued-{i}")) for i in range(3)]
+    time.sleep(0.2)
+    return running, queued, list(helpers.processes)
 
 
 def _sleep_then_write(seconds: float, path: str) -> None:
