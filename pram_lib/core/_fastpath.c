@@ -208,6 +208,14 @@ void siphash24_3w_uniforms(const uint64_t *w0, uint64_t tag, const uint64_t *w2,
     }
 }
 
+/* pram_lib.core.memo.hash_to_uniform in one pass: the same doubles. */
+MULTIVERSION
+void hash_uniforms(const uint64_t *h, int64_t n, int open, double *out) {
+    const int drop = open ? 12 : 11;
+    const double half = open ? 0.5 : 0.0, scale = open ? 1.0 / 4503599627370496.0 : 1.0 / 9007199254740992.0;
+    for (int64_t i = 0; i < n; i++) out[i] = ((double)(int64_t)(h[i] >> drop) + half) * scale;
+}
+
 /* The per-record ledger's lookup for pram_lib.ops.panel: each tag's row in the sorted ledger `records`, -1 when
  * absent, and the found rows' cumulative ε and per-variable last pair tags (0.0 and 0 when absent), in one pass.
  * `index[b]` is the first row whose tag >> shift is at least b (b = 0 .. 2^(64-shift)): the ledger's tags are keyed

@@ -62,6 +62,9 @@ def keep_uniform_kernel():
     lib.siphash24_3w_uniforms.restype = None
     lib.siphash24_3w_uniforms.argtypes = [p, u64, p, i64, u64, u64, ctypes.c_int, p]
     kernels["siphash24_uniforms"] = lib.siphash24_3w_uniforms
+    lib.hash_uniforms.restype = None
+    lib.hash_uniforms.argtypes = [p, i64, ctypes.c_int, p]
+    kernels["hash_uniforms"] = lib.hash_uniforms
     lib.panel_lookup.restype = i64
     lib.panel_lookup.argtypes = [p, p, ctypes.c_int, p, p, p, i64, p, i64, p, p, p]
     kernels["panel_lookup"] = lib.panel_lookup

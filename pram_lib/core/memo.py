@@ -233,7 +233,21 @@ class KeyedPrf:
 
 def hash_to_uniform(h: np.ndarray, open_: bool = False) -> np.ndarray:
     """uint64 hashes as doubles: (h >> 11) 2**-53 in [0, 1), or with `open_` ((h >> 12) + 1/2) 2**-52 in (0, 1),
-    exact (with 53 bits, k + 1/2 would need 54 and the largest k would round up to 1.0)."""
+    exact (with 53 bits, k + 1/2 would need 54 and the largest k would round up to 1.0). In one pass by the C
+    kernel `hash_uniforms` when it is built (numpy's three passes allocate twice), else `hash_to_uniform_numpy`."""
+    from pram_lib.core import fastpath
+
+    lib = fastpath.keep_uniform_kernel()
+    if lib is None:
+        return hash_to_uniform_numpy(h, open_)
+    shape, h = np.shape(h), _words(h)
+    out = np.empty(h.size, dtype=np.float64)
+    lib["hash_uniforms"](h.ctypes.data, h.size, int(open_), out.ctypes.data)
+    return out.reshape(shape)
+
+
+def hash_to_uniform_numpy(h: np.ndarray, open_: bool = False) -> np.ndarray:
+    """`hash_to_uniform` in numpy."""
     u = (h >> np.uint64(12 if open_ else 11)).astype(np.float64)
     if open_:
         u += 0.5

@@ -686,12 +686,13 @@ class Memo:
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
         twice = 0
-        if old.records.size:
-            known = pos[pos >= 0]
-            hit = np.zeros(old.records.size, dtype=bool)
-            hit[known] = True
-            twice = known.size - int(np.count_nonzero(hit))
-            del hit, known
+        if old.records.size:   # chunk by chunk, no boolean subscript: row 0 of `hit` takes every newcomer (-1)
+            hit, known = np.zeros(old.records.size + 1, dtype=bool), 0
+            for part in chunks.pos:
+                hit[part + 1] = True
+                known += part.size - int(np.count_nonzero(part < 0))
+            twice = known - int(np.count_nonzero(hit[1:]))
+            del hit
         newcomers = np.sort(fresh_tags)
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:

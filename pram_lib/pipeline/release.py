@@ -30,9 +30,10 @@ from pram_lib.spec import ReleaseSpec, SpecError
 
 
 # -- read ---------------------------------------------------------------------------------------
-def needed_columns(spec: ReleaseSpec) -> list[str]:
+def needed_columns(spec: ReleaseSpec, key: bool = True) -> list[str]:
+    """The source columns a release reads; without `key`, not a longitudinal key (pass 1 does not profile it)."""
     cols = [c for v in spec.variables for c in v.names] + list(spec.passthrough)
-    cols += [spec.longitudinal.key] if spec.longitudinal else []
+    cols += [spec.longitudinal.key] if spec.longitudinal and key else []
     return list(dict.fromkeys(cols))
 
 

@@ -120,14 +120,15 @@ def _categorical_columns(spec: ReleaseSpec) -> set[str]:
     return {c for v in spec.variables for c in family_of(v).text_columns(v)}
 
 
-def read_chunk(spec: ReleaseSpec, ref: ChunkRef) -> pd.DataFrame:
-    """Read one Parquet chunk (the columns the spec names); string columns arrive dictionary-encoded."""
+def read_chunk(spec: ReleaseSpec, ref: ChunkRef, key: bool = True) -> pd.DataFrame:
+    """Read one Parquet chunk (the columns the spec names; without `key`, not a longitudinal key); string columns
+    arrive dictionary-encoded."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = spec.resolve(spec.source.path)
     pf = pq.ParquetFile(path)
-    wanted = needed_columns(spec)
+    wanted = needed_columns(spec, key)
     schema = pf.schema_arrow
     strings = [c for c in _categorical_columns(spec) | set(spec.passthrough)
                if pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type)]
@@ -136,20 +137,20 @@ def read_chunk(spec: ReleaseSpec, ref: ChunkRef) -> pd.DataFrame:
         table = pf.read_row_groups(list(ref.row_groups), columns=wanted)
     except (ValueError, TypeError) + UNREADABLE as exc:
         raise source_read_error(spec, exc, path) from None
-    return clean_chunk(spec, table.to_pandas())
+    return clean_chunk(spec, table.to_pandas(), key)
 
 
-def iter_chunks(spec: ReleaseSpec) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
-    """Every chunk of the source in order, read in bounded memory."""
+def iter_chunks(spec: ReleaseSpec, key: bool = True) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
+    """Every chunk of the source in order, read in bounded memory (without `key`, not a longitudinal key)."""
     plan = plan_chunks(spec)
     if plan is not None:
         for ref in plan:
-            yield ref, read_chunk(spec, ref)
+            yield ref, read_chunk(spec, ref, key)
         return
     import warnings
 
     path = spec.resolve(spec.source.path)
-    wanted = needed_columns(spec)
+    wanted = needed_columns(spec, key)
     dtypes = {c: "str" for c in _categorical_columns(spec)}
     dtypes.update({c: t for c, t in spec.source.dtypes.items() if c in wanted})
     try:
@@ -161,16 +162,16 @@ def iter_chunks(spec: ReleaseSpec) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
                 df = next(reader, None)
             if df is None:
                 return
-            chunk = clean_chunk(spec, df)
+            chunk = clean_chunk(spec, df, key)
             yield ChunkRef(i, rows=len(chunk), start=start), chunk
             start += len(chunk)
     except (ValueError, TypeError) + UNREADABLE as exc:
         raise source_read_error(spec, exc, path) from None
 
 
-def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
+def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame, key: bool = True) -> pd.DataFrame:
     """The checks and types of `release.read_source`, on one chunk."""
-    df = df[needed_columns(spec)].reset_index(drop=True)
+    df = df[needed_columns(spec, key)].reset_index(drop=True)
     for c in _categorical_columns(spec):
         s = df[c]
         if not (isinstance(s.dtype, pd.CategoricalDtype) or s.dtype == "str"):
@@ -183,9 +184,9 @@ def clean_chunk(spec: ReleaseSpec, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def load(spec: ReleaseSpec, chunk: "ChunkRef | pd.DataFrame") -> pd.DataFrame:
+def load(spec: ReleaseSpec, chunk: "ChunkRef | pd.DataFrame", key: bool = True) -> pd.DataFrame:
     """A chunk's rows: read from Parquet by its reference, or already read (CSV chunks shipped to a worker)."""
-    return read_chunk(spec, chunk) if isinstance(chunk, ChunkRef) else chunk
+    return read_chunk(spec, chunk, key) if isinstance(chunk, ChunkRef) else chunk
 
 
 def batches(refs: list[ChunkRef], parts: int) -> list[list[ChunkRef]]:
@@ -347,12 +348,12 @@ def _profile_chunks(spec: ReleaseSpec, chunks: Iterator[tuple[ChunkRef, pd.DataF
 
 def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFrame"]], seed: int) -> Sketch:
     """Pass 1 on a run of chunks, one after the other (what a Dask worker does with its share)."""
-    return _profile_chunks(spec, ((ref, load(spec, chunk)) for ref, chunk in chunks), seed, threads=1)
+    return _profile_chunks(spec, ((ref, load(spec, chunk, key=False)) for ref, chunk in chunks), seed, threads=1)
 
 
 def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
     """Pass 1 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
-    return _profile_chunks(spec, iter_chunks(spec), seed, on_chunk) or Sketch()
+    return _profile_chunks(spec, iter_chunks(spec, key=False), seed, on_chunk) or Sketch()
 
 
 def merge_sketches(a: Sketch, b: Sketch, sample_rows: int | None = None) -> Sketch:
@@ -545,7 +546,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     if plan.out_dir is not None:
         chunk = None if plan.engine == "memory" else ref.index
         res.files = part_files(chunk, spec.formats)
-        noisy = [v.column for v in spec.variables if family_of(v).adds_noise]
+        noisy = [v.column for v in spec.variables if family_of(v).adds_noise] + \
+            ([PANEL_ID] if PANEL_ID in frame.columns else [])   # a pseudonym per person: all distinct
         res.sealed = (write or _write_now)(frame, Path(plan.out_dir), chunk, res.files, plan.labels, noisy) or {}
     keep = plan.sample_rows(ref.start, len(df))
     res.sample = frame[keep].reset_index(drop=True)
@@ -634,8 +636,8 @@ def part_files(chunk: int | None, data_formats: list[str]) -> list[str]:
 def _write_now(frame: pd.DataFrame, out_dir: Path, chunk: int | None, files: list[str],
                labels: formats.Labels | None = None, noisy=()) -> dict[str, dict]:
     """Write one chunk's files; flush them and return their manifest entries. `labels`: the value and variable
-    labels of the .dta and .sav files. `noisy`: columns of continuous values with noise added, written without
-    Parquet's dictionary encoding (nearly every value differs, so building the dictionary was wasted)."""
+    labels of the .dta and .sav files. `noisy`: columns of continuous values with noise added, or pseudonyms, written
+    without Parquet's dictionary encoding (nearly every value differs, so building the dictionary was wasted)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -130,6 +130,8 @@ def test_keyed_prf_paths_agree(monkeypatch):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(fast[1], memo.hash_to_uniform(fast[0]))
     np.testing.assert_array_equal(fast[2], memo.hash_to_uniform(fast[0], open_=True))
+    np.testing.assert_array_equal(fast[1], memo.hash_to_uniform_numpy(fast[0]))
+    np.testing.assert_array_equal(fast[2], memo.hash_to_uniform_numpy(fast[0], open_=True))
 
 
 def test_the_key_is_blake2b_of_the_secret():
@@ -169,10 +171,11 @@ def test_one_changed_word_changes_the_hash():
 # ---------------------------------------------------------------------------------------------------------------
 # uniforms
 # ---------------------------------------------------------------------------------------------------------------
-def test_uniform_grids_and_their_ends():
+@pytest.mark.parametrize("to_uniform", [memo.hash_to_uniform, memo.hash_to_uniform_numpy])
+def test_uniform_grids_and_their_ends(to_uniform):
     h = np.array([0, 1 << 11, 1 << 12, M64], dtype=np.uint64)
-    np.testing.assert_array_equal(memo.hash_to_uniform(h), [0.0, 2.0**-53, 2.0**-52, 1 - 2.0**-53])
-    np.testing.assert_array_equal(memo.hash_to_uniform(h, open_=True),
+    np.testing.assert_array_equal(to_uniform(h), [0.0, 2.0**-53, 2.0**-52, 1 - 2.0**-53])
+    np.testing.assert_array_equal(to_uniform(h, open_=True),
                                   [2.0**-53, 2.0**-53, 3 * 2.0**-53, 1 - 2.0**-53])
     # why 52 bits for the open interval: with 53, (2**53 - 1) + 1/2 rounds to 2**53, i.e. u = 1.0
     assert (float(2**53 - 1) + 0.5) * 2.0**-53 == 1.0
