@@ -216,46 +216,89 @@ void hash_uniforms(const uint64_t *h, int64_t n, int open, double *out) {
     for (int64_t i = 0; i < n; i++) out[i] = ((double)(int64_t)(h[i] >> drop) + half) * scale;
 }
 
-/* The per-record ledger's lookup for pram_lib.ops.panel: each tag's row in the sorted ledger `records`, -1 when
- * absent, and the found rows' cumulative ε and per-variable last pair tags (0.0 and 0 when absent), in one pass.
- * `index[b]` is the first row whose tag >> shift is at least b (b = 0 .. 2^(64-shift)): the ledger's tags are keyed
- * hashes, uniform on 64 bits, so a bucket holds a few rows. The ledger is far larger than the caches and is read at
- * random, so the tags go LOOKUP_BATCH at a time through three stages, each prefetching what the next reads: a
- * lookup's three dependent reads (bucket, row, its ε and last pairs) overlap with the batch's others instead of
- * waiting for memory one after the other. Variable v's last pairs are lasts[v][row * strides[v]]: the columns of
- * one row-major table (a record's pairs share a cache line) or separate arrays. `loss` NULL: rows only (loss_out is
- * not written). Returns how many tags were found. */
+/* The per-record ledger's lookup for pram_lib.ops.panel: each tag's row in the ledger `records` (m rows, in the
+ * order of the release that wrote them), -1 when absent, and the found rows' cumulative ε and per-variable last pair
+ * tags (0.0 and 0 when absent). A release of the same people in the same order reads the ledger in order: row i's
+ * guess is the row after the last one found (the first row's: `guess`), or the one after that (a record that left);
+ * the guess is checked against the tag. A tag that misses its guess is looked up in the tag index: `sorted` (the
+ * tags in increasing order) and `by_tag` (their rows; NULL: the ledger is itself sorted), through `index[b]`, the
+ * first position whose tag >> shift is at least b (b = 0 .. 2^(64-shift)): the tags are keyed hashes, uniform on
+ * 64 bits, so a bucket holds a few. Misses are looked up at once while they stay few (a newcomer; the cursor moves
+ * to the row found), else left to a second pass that takes them LOOKUP_BATCH at a time through three stages, each
+ * prefetching what the next reads (bucket, position, row), so that a source in another order waits on memory for
+ * many lookups at once. Variable v's last pairs are lasts[v][row * strides[v]]: the columns of one row-major table
+ * (a record's pairs share a cache line) or separate arrays. `loss` NULL: rows only (loss_out is not written).
+ * Returns how many tags were found, or -1 - i when the index sends tag i to a row that holds another tag. */
 #define LOOKUP_BATCH 64
-int64_t panel_lookup(const uint64_t *records, const int64_t *index, int shift, const double *loss,
-                     const uint64_t *const *lasts, const int64_t *strides, int64_t nv, const uint64_t *tags, int64_t n,
+
+static inline int64_t index_find(const uint64_t *sorted, const int64_t *index, int shift, uint64_t t) {
+    int64_t a = index[t >> shift], e = index[(t >> shift) + 1];
+    while (a < e && sorted[a] < t) a++;
+    return (a < e && sorted[a] == t) ? a : -1;
+}
+
+int64_t panel_lookup(const uint64_t *records, int64_t m, const uint64_t *sorted, const int64_t *by_tag,
+                     const int64_t *index, int shift, const double *loss, const uint64_t *const *lasts,
+                     const int64_t *strides, int64_t nv, const uint64_t *tags, int64_t n, int64_t guess,
                      int64_t *pos, double *loss_out, uint64_t *const *lasts_out) {
-    int64_t found = 0, lo[LOOKUP_BATCH], hi[LOOKUP_BATCH];
-    for (int64_t s = 0; s < n; s += LOOKUP_BATCH) {
-        int64_t w = n - s < LOOKUP_BATCH ? n - s : LOOKUP_BATCH;
-        for (int64_t j = 0; j < w; j++) __builtin_prefetch(&index[tags[s + j] >> shift]);
-        for (int64_t j = 0; j < w; j++) {
-            uint64_t b = tags[s + j] >> shift;
-            lo[j] = index[b];
-            hi[j] = index[b + 1];
-            __builtin_prefetch(&records[lo[j]]);
+    int64_t g = guess < 0 ? 0 : guess, deferred = 0, misses = 0;
+    for (int64_t i = 0; i < n; i++) {               /* pass 1: in order */
+        uint64_t t = tags[i];
+        int64_t p;
+        if (g < m && records[g] == t) p = g;
+        else if (g + 1 < m && records[g + 1] == t) p = g + 1;
+        else if (++misses <= 64 + (i >> 4)) {
+            int64_t k = index_find(sorted, index, shift, t);
+            p = k < 0 ? -1 : by_tag ? by_tag[k] : k;
+            if (p >= 0 && records[p] != t) return -1 - i;
+        } else {
+            pos[i] = -2;                            /* left to pass 2 */
+            deferred++;
+            continue;
         }
-        for (int64_t j = 0; j < w; j++) {
-            uint64_t t = tags[s + j];
-            int64_t a = lo[j], e = hi[j];
-            while (a < e && records[a] < t) a++;
-            int64_t p = (a < e && records[a] == t) ? a : -1;
-            pos[s + j] = p;
-            if (p >= 0) {
-                found++;
-                if (loss) __builtin_prefetch(&loss[p]);
-                for (int64_t v = 0; v < nv; v++) __builtin_prefetch(&lasts[v][p * strides[v]]);
+        pos[i] = p;
+        if (p >= 0) g = p + 1;
+    }
+    if (deferred) {                                 /* pass 2: the rest, LOOKUP_BATCH at a time */
+        int64_t at[LOOKUP_BATCH], lo[LOOKUP_BATCH], hi[LOOKUP_BATCH], k[LOOKUP_BATCH];
+        int64_t i = 0;
+        while (i < n) {
+            int w = 0;
+            for (; i < n && w < LOOKUP_BATCH; i++)
+                if (pos[i] == -2) {
+                    at[w++] = i;
+                    __builtin_prefetch(&index[tags[i] >> shift]);
+                }
+            for (int j = 0; j < w; j++) {
+                uint64_t b = tags[at[j]] >> shift;
+                lo[j] = index[b];
+                hi[j] = index[b + 1];
+                __builtin_prefetch(&sorted[lo[j]]);
+            }
+            for (int j = 0; j < w; j++) {
+                uint64_t t = tags[at[j]];
+                int64_t a = lo[j], e = hi[j];
+                while (a < e && sorted[a] < t) a++;
+                k[j] = (a < e && sorted[a] == t) ? a : -1;
+                if (k[j] >= 0 && by_tag) __builtin_prefetch(&by_tag[k[j]]);
+            }
+            for (int j = 0; j < w; j++) {
+                int64_t p = k[j] < 0 ? -1 : by_tag ? by_tag[k[j]] : k[j];
+                if (p >= 0) __builtin_prefetch(&records[p]);
+                pos[at[j]] = p;
+            }
+            for (int j = 0; j < w; j++) {
+                int64_t p = pos[at[j]];
+                if (p >= 0 && records[p] != tags[at[j]]) return -1 - at[j];
             }
         }
-        for (int64_t j = 0; j < w; j++) {
-            int64_t p = pos[s + j];
-            if (loss) loss_out[s + j] = p >= 0 ? loss[p] : 0.0;
-            for (int64_t v = 0; v < nv; v++) lasts_out[v][s + j] = p >= 0 ? lasts[v][p * strides[v]] : 0;
-        }
+    }
+    int64_t found = 0;
+    for (int64_t i = 0; i < n; i++) {               /* the rows' ε and last pairs */
+        int64_t p = pos[i];
+        found += p >= 0;
+        if (loss) loss_out[i] = p >= 0 ? loss[p] : 0.0;
+        for (int64_t v = 0; v < nv; v++) lasts_out[v][i] = p >= 0 ? lasts[v][p * strides[v]] : 0;
     }
     return found;
 }
@@ -300,7 +343,7 @@ int64_t panel_admit(const uint64_t *h, const uint64_t *last, const int64_t *pos,
     return k;
 }
 
-/* panel_lookup's bucket index of the sorted `records` (m rows): index[b] = the first row whose tag >> shift is at
+/* panel_lookup's bucket index of the sorted tags `records` (m of them): index[b] = the first row whose tag >> shift is at
  * least b, for b = 0 .. buckets (index[buckets] = m); one pass over the ledger. */
 void panel_index(const uint64_t *records, int64_t m, int shift, int64_t buckets, int64_t *index) {
     int64_t b = 0;

@@ -66,7 +66,7 @@ def keep_uniform_kernel():
     lib.hash_uniforms.argtypes = [p, i64, ctypes.c_int, p]
     kernels["hash_uniforms"] = lib.hash_uniforms
     lib.panel_lookup.restype = i64
-    lib.panel_lookup.argtypes = [p, p, ctypes.c_int, p, p, p, i64, p, i64, p, p, p]
+    lib.panel_lookup.argtypes = [p, i64, p, p, p, ctypes.c_int, p, p, p, i64, p, i64, i64, p, p, p]
     kernels["panel_lookup"] = lib.panel_lookup
     lib.panel_index.restype = None
     lib.panel_index.argtypes = [p, i64, ctypes.c_int, i64, p]

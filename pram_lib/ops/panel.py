@@ -68,29 +68,45 @@ def panel_folder(store: Path, population: str) -> Path:
 @dataclass
 class PanelState:
     """What the private store keeps of a longitudinal population: keyed hashes and per-record ε, never a key or
-    a value."""
+    a value. Its rows are in the order the releases met the records (a newcomer after the records before it), so
+    that a release of the same people in the same order reads the ledger in order; `tag_index` finds a tag's row."""
 
-    records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, sorted
+    records: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))    # record tags, distinct
     loss: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))      # cumulative pico-ε per record
     last: dict[str, np.ndarray] = field(default_factory=dict)     # variable -> last released pair tag (0: none)
     history: dict[str, np.ndarray] = field(default_factory=dict)  # variable -> pair tags released before that are
     #                                                                no longer a record's last, sorted
     channels: dict[str, str] = field(default_factory=dict)        # variable -> fingerprint of its last channel
     releases: int = 0
+    sorted_tags: np.ndarray | None = field(default=None, repr=False, compare=False)   # tags, increasing
+    by_tag: np.ndarray | None = field(default=None, repr=False, compare=False)   # their rows (None: records sorted)
 
     _index: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False, compare=False)
     delta: "PanelDelta | None" = field(default=None, repr=False, compare=False)   # what this release changed
+
+    def tag_index(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the tags in increasing order, their rows; None when the rows are themselves in tag order), made once
+        (np.argsort) when the ledger was not read with them."""
+        if self.sorted_tags is None:
+            r = self.records
+            if r.size < 2 or bool(np.all(r[1:] > r[:-1])):
+                self.sorted_tags, self.by_tag = r, None
+            else:
+                self.by_tag = np.argsort(r, kind="stable")
+                self.sorted_tags = r[self.by_tag]
+        return self.sorted_tags, self.by_tag
 
     def positions(self, rtag: np.ndarray) -> np.ndarray:
         """Each record's row in the ledger, -1 for a record never released (the ledger's records alone are read)."""
         return self.lookup(rtag, (), with_loss=False)[0]
 
-    def lookup(self, rtag: np.ndarray, variables=(),
-               with_loss: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def lookup(self, rtag: np.ndarray, variables=(), with_loss: bool = True,
+               guess: int = 0) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """Each record's row in the ledger (-1: never released), its cumulative ε (0 when new) and, per variable of
         `variables` the ledger has, its last released pair tag (0 when none), in one pass: the C kernel
-        `panel_lookup` (a bucket index on the tags' top bits, pram_lib/core/_fastpath.c), or its numpy twin
-        `lookup_numpy`, which gives the same arrays."""
+        `panel_lookup` (each row's guess the row after the previous one's, the first's `guess`, checked; a miss
+        through the tag index; pram_lib/core/_fastpath.c), or its numpy twin `lookup_numpy`, which gives the
+        same arrays."""
         from pram_lib.core import fastpath
 
         rtag = np.ascontiguousarray(rtag, dtype=np.uint64)
@@ -99,33 +115,46 @@ class PanelState:
         if lib is None or not self.records.size or not rtag.size:
             return self.lookup_numpy(rtag, names, with_loss)
         index, shift = self.bucket_index()
+        ordered, by_tag = self.tag_index()
         columns = [self.last[v] if self.last[v].dtype == np.uint64 and self.last[v].ndim == 1 and
                    self.last[v].strides[0] % 8 == 0 else np.ascontiguousarray(self.last[v], dtype=np.uint64)
                    for v in names]   # a column of the row-major table as it is (no copy)
         strides = np.array([c.strides[0] // 8 for c in columns] or [1], dtype=np.int64)
         loss = np.ascontiguousarray(self.loss, dtype=np.float64) if with_loss else None
         records = np.ascontiguousarray(self.records, dtype=np.uint64)
-        if (with_loss and self.loss.size != records.size) or any(c.size != records.size for c in columns):
+        if (with_loss and self.loss.size != records.size) or any(c.size != records.size for c in columns) or \
+                ordered.size != records.size or (by_tag is not None and by_tag.size != records.size):
             raise PanelError("the per-record ledger's arrays differ in length")   # the C kernel reads them by row
+        ordered = np.ascontiguousarray(ordered, dtype=np.uint64)
+        by_tag = None if by_tag is None else np.ascontiguousarray(by_tag, dtype=np.int64)
         pos, loss_out = np.empty(rtag.size, dtype=np.int64), np.empty(rtag.size if with_loss else 0)
         lasts = {v: np.empty(rtag.size, dtype=np.uint64) for v in names}
         pointers = (ctypes.c_void_p * max(len(names), 1))(*(c.ctypes.data for c in columns))
         outs = (ctypes.c_void_p * max(len(names), 1))(*(a.ctypes.data for a in lasts.values()))
-        lib["panel_lookup"](records.ctypes.data, index.ctypes.data, shift, None if loss is None else loss.ctypes.data,
-                            pointers, strides.ctypes.data, len(names),
-                            rtag.ctypes.data, rtag.size, pos.ctypes.data, loss_out.ctypes.data, outs)
+        found = lib["panel_lookup"](records.ctypes.data, records.size, ordered.ctypes.data,
+                                    None if by_tag is None else by_tag.ctypes.data, index.ctypes.data, shift,
+                                    None if loss is None else loss.ctypes.data, pointers, strides.ctypes.data,
+                                    len(names), rtag.ctypes.data, rtag.size, int(guess), pos.ctypes.data,
+                                    loss_out.ctypes.data, outs)
+        if found < 0:
+            raise PanelError("the per-record ledger's tag index does not match its records")
         return pos, loss_out, lasts
 
     def lookup_numpy(self, rtag: np.ndarray, variables=(),
                      with_loss: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """`lookup` in numpy: a sort-merge join (the tags sorted, then np.searchsorted in the sorted ledger)."""
+        """`lookup` in numpy: a sort-merge join (the tags sorted, then np.searchsorted in the tag index)."""
         names = [v for v in variables if v in self.last]
         pos = np.full(rtag.size, -1, dtype=np.int64)
         if self.records.size and rtag.size:
+            ordered, by_tag = self.tag_index()
             order = np.argsort(rtag)
             wanted = rtag[order]
-            at = np.minimum(np.searchsorted(self.records, wanted), self.records.size - 1)
-            pos[order] = np.where(self.records[at] == wanted, at, -1)
+            at = np.minimum(np.searchsorted(ordered, wanted), ordered.size - 1)
+            hit = ordered[at] == wanted
+            rows = at if by_tag is None else by_tag[at]
+            pos[order] = np.where(hit, rows, -1)
+            if not np.array_equal(self.records[pos[order][hit]], wanted[hit]):
+                raise PanelError("the per-record ledger's tag index does not match its records")
         known = pos >= 0
         loss = np.zeros(rtag.size if with_loss else 0)
         if with_loss:
@@ -137,9 +166,9 @@ class PanelState:
         return pos, loss, lasts
 
     def bucket_index(self) -> tuple[np.ndarray, int]:
-        """(index, shift): index[b] is the first row whose tag >> shift is at least b, about 2^-3 as many buckets as
-        records (so a few rows each: the tags are keyed hashes, uniform on 64 bits). Made once per ledger read, by
-        the C kernel `panel_index` or numpy (np.bincount), which give the same index."""
+        """(index, shift): index[b] is the first position of the tag index whose tag >> shift is at least b, about
+        2^-3 as many buckets as records (so a few each: the tags are keyed hashes, uniform on 64 bits). Made once per
+        ledger read, by the C kernel `panel_index` or numpy (np.bincount), which give the same index."""
         from pram_lib.core import fastpath
 
         if self._index is None:
@@ -147,12 +176,12 @@ class PanelState:
             shift = 64 - bits
             index = np.zeros((1 << bits) + 1, dtype=np.int64)
             lib = fastpath.keep_uniform_kernel()
-            records = np.ascontiguousarray(self.records, dtype=np.uint64)
+            ordered = np.ascontiguousarray(self.tag_index()[0], dtype=np.uint64)
             if lib is None:
-                np.cumsum(np.bincount((records >> np.uint64(shift)).astype(np.intp), minlength=1 << bits),
+                np.cumsum(np.bincount((ordered >> np.uint64(shift)).astype(np.intp), minlength=1 << bits),
                           out=index[1:])
             else:
-                lib["panel_index"](records.ctypes.data, records.size, shift, 1 << bits, index.ctypes.data)
+                lib["panel_index"](ordered.ctypes.data, ordered.size, shift, 1 << bits, index.ctypes.data)
             self._index = (index, shift)
         return self._index
 
@@ -263,7 +292,7 @@ class PanelStore:
             arrays = read_ledger(path)
             head = json.loads(arrays.pop("header").item())
             names, channels = list(head["variables"]), list(head["channels"])
-            if head.get("format") not in (LEDGER_FORMAT, FLOAT_LEDGER_FORMAT) or len(channels) != len(names):
+            if head.get("format") not in READABLE_FORMATS or len(channels) != len(names):
                 raise ValueError("not a per-record ledger of this version")
             records, loss, table = arrays["records"], arrays["loss"], arrays["lasts"]
             if table.shape != (records.size, len(names)) or table.dtype != np.uint64 or not table.flags.c_contiguous:
@@ -275,7 +304,15 @@ class PanelStore:
                 raise ValueError("its arrays do not match")
             if head["format"] == FLOAT_LEDGER_FORMAT:   # ε as floats: to pico-ε, rounded up (never undercounts)
                 state.loss = np.ceil(loss * PICO)
-            if records.size > 1 and not bool(np.all(records[1:] > records[:-1])):
+            ordered, by_tag = arrays.get("sorted_tags"), arrays.get("by_tag")
+            if by_tag is not None and by_tag.size:   # rows in release order, and their tag index
+                if ordered.dtype != np.uint64 or by_tag.dtype != np.int64 or \
+                        not ordered.size == by_tag.size == records.size:
+                    raise ValueError("its tag index does not match its records")
+                state.sorted_tags, state.by_tag = ordered, by_tag
+            else:                                      # rows in tag order (as ledgers before release order were)
+                state.sorted_tags = records
+            if state.sorted_tags.size > 1 and not bool(np.all(state.sorted_tags[1:] > state.sorted_tags[:-1])):
                 raise ValueError("its records are not sorted")
             blocks = [b for b in read_deltas(self.folder / DELTA_FILE)[0] if b.releases > state.releases]
             return apply_deltas(state, blocks, table) if blocks else state
@@ -317,13 +354,18 @@ class PanelStore:
     def save_whole(self, state: PanelState) -> None:
         """Atomically: a temporary file, fsync'd, renamed over the old one, then the deltas it includes dropped. The file is .npy arrays one after the
         other (np.save to one open file; np.load reads them back in turn): a JSON header, records, loss, the last
-        pairs (one row per record, one column per variable), then each variable's history; written straight from
+        pairs (one row per record, one column per variable), the tag index (the tags in increasing order and their
+        rows; both empty when the rows are in tag order), then each variable's history; written straight from
         memory (no zip, no copy)."""
         names, table = last_pair_table(state)
         header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
                   "releases": int(state.releases), "largest": largest_units(state)}
+        ordered, by_tag = state.tag_index()
+        if by_tag is None:   # the rows are in tag order: the index is the records themselves
+            ordered, by_tag = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
         arrays = [("header", np.array(json.dumps(header))), ("records", state.records), ("loss", state.loss),
-                  ("lasts", table)] + [(f"history_{j}", state.history[n]) for j, n in enumerate(names)]
+                  ("lasts", table), ("sorted_tags", ordered), ("by_tag", by_tag)] + \
+            [(f"history_{j}", state.history[n]) for j, n in enumerate(names)]
         tmp = self.folder / f".{STATE_FILE}.{os.getpid()}.tmp"
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:   # owner only
             for _, a in arrays:
@@ -335,9 +377,11 @@ class PanelStore:
         (self.folder / DELTA_FILE).unlink(missing_ok=True)   # included (a crash before this: its releases skip it)
 
 
-LEDGER_FORMAT = "pram-release per-record ledger 3"   # 1: records.npz; 2: ε as floats (read, converted)
+LEDGER_FORMAT = "pram-release per-record ledger 4"   # 1: records.npz; 2: ε as floats; 3: rows in tag order
+SORTED_LEDGER_FORMAT = "pram-release per-record ledger 3"   # (2 and 3 read, then replaced at the next whole write)
 FLOAT_LEDGER_FORMAT = "pram-release per-record ledger 2"
-LEDGER_ARRAYS = ("header", "records", "loss", "lasts")   # then history_j per variable
+READABLE_FORMATS = (LEDGER_FORMAT, SORTED_LEDGER_FORMAT, FLOAT_LEDGER_FORMAT)
+LEDGER_ARRAYS = ("header", "records", "loss", "lasts", "sorted_tags", "by_tag")   # then history_j per variable
 
 
 def last_pair_table(state: PanelState) -> tuple[list[str], np.ndarray]:
@@ -370,11 +414,13 @@ def read_ledger(path: Path) -> dict[str, np.ndarray]:
     out = {}
     with open(path, "rb") as f:
         out["header"] = np.load(f, allow_pickle=False)
-        names = json.loads(out["header"].item())["variables"]
+        head = json.loads(out["header"].item())
+        names = head["variables"]
+        kept = LEDGER_ARRAYS[1:] if head.get("format") == LEDGER_FORMAT else LEDGER_ARRAYS[1:4]
         size = os.fstat(f.fileno()).st_size
         mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        for name in LEDGER_ARRAYS[1:] + tuple(f"history_{j}" for j in range(len(names))):
+        for name in kept + tuple(f"history_{j}" for j in range(len(names))):
             version = npy.read_magic(f)
             shape, fortran, dtype = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)
             count = int(np.prod(shape, dtype=np.int64))
@@ -481,22 +527,26 @@ def read_deltas(path: Path) -> tuple[list[DeltaBlock], int]:
 
 
 def apply_deltas(state: PanelState, blocks: list[DeltaBlock], table: np.ndarray) -> PanelState:
-    """The ledger after `blocks` (in order): every newcomer inserted where it sorts in one pass, then each block's
-    changed rows overwritten in turn and its history pairs merged. `table`: the state's last pairs as read (a
-    fresh array, updated in place when there is no newcomer)."""
+    """The ledger after `blocks` (in order): every newcomer appended after the rows before it (in the order its
+    release met them) and merged into the tag index, then each block's changed rows (found through the index)
+    overwritten in turn and its history pairs merged. `table`: the state's last pairs as read (a fresh array,
+    updated in place when there is no newcomer)."""
     names = list(state.last)
     if any(b.variables != names for b in blocks):
         raise ValueError("a delta's variables differ from its ledger's")
-    fresh = np.sort(np.concatenate([b.delta.new_tags for b in blocks]))
+    fresh = np.concatenate([b.delta.new_tags for b in blocks])
     records, loss = state.records, state.loss
+    ordered, by_tag = state.tag_index()
     if fresh.size:
-        ins = np.searchsorted(records, fresh)
-        records, loss, table = np.insert(records, ins, fresh), np.insert(loss, ins, 0.0), \
-            np.insert(table, ins, 0, axis=0)
+        m = records.size
+        records, loss = np.concatenate([records, fresh]), np.concatenate([loss, np.zeros(fresh.size)])
+        table = np.concatenate([table, np.zeros((fresh.size, table.shape[1]), dtype=table.dtype)])
+        ordered, by_tag = merged_index(ordered, by_tag, m, fresh)
+    grown = PanelState(records, loss, sorted_tags=ordered, by_tag=by_tag)
     for b in blocks:
         d = b.delta
-        at = np.searchsorted(records, d.tags)
-        if d.tags.size and not np.array_equal(records[np.minimum(at, records.size - 1)], d.tags):
+        at = grown.positions(d.tags)
+        if d.tags.size and bool((at < 0).any()):
             raise ValueError("a delta names a record its ledger lacks")
         loss[at] = d.loss
         table[at] = d.lasts
@@ -505,7 +555,21 @@ def apply_deltas(state: PanelState, blocks: list[DeltaBlock], table: np.ndarray)
         parts = [state.history[n]] + [b.delta.added[n] for b in blocks if b.delta.added[n].size]
         history[n] = np.sort(np.concatenate(parts)) if len(parts) > 1 else state.history[n]
     last = {n: table[:, j] for j, n in enumerate(names)}
-    return PanelState(records, loss, last, history, blocks[-1].channels, blocks[-1].releases)
+    out = PanelState(records, loss, last, history, blocks[-1].channels, blocks[-1].releases, ordered, by_tag)
+    out._index = grown._index
+    return out
+
+
+def merged_index(ordered: np.ndarray, by_tag: np.ndarray | None, m: int, fresh: np.ndarray,
+                 order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The tag index of a ledger of m rows (`ordered`, `by_tag`: PanelState.tag_index) with the tags `fresh`
+    appended as rows m, m + 1, ...: each inserted where it sorts (np.searchsorted, np.insert: a copy, no sort of
+    the ledger). `order`: np.argsort(fresh), if made already."""
+    order = np.argsort(fresh) if order is None else order
+    new = fresh[order]
+    ins = np.searchsorted(ordered, new)
+    rows = np.arange(m, dtype=np.int64) if by_tag is None else by_tag
+    return np.insert(ordered, ins, new), np.insert(rows, ins, m + order)
 
 
 @dataclass
@@ -539,12 +603,13 @@ class Settlement:
         if self._whole is None:
             old, d = self.before, self.delta
             names, table = last_pair_table(old)
+            ordered, by_tag = old.tag_index()
             if not d.tags.size and not d.new_tags.size:
                 state = PanelState(old.records, old.loss, dict(old.last), dict(old.history), dict(self.channels),
-                                   self.releases)
+                                   self.releases, ordered, by_tag)
             else:
                 base = PanelState(old.records, old.loss if d.new_tags.size else old.loss.copy(), dict(old.last),
-                                  dict(old.history), old.channels, old.releases)
+                                  dict(old.history), old.channels, old.releases, ordered, by_tag)
                 block = DeltaBlock(self.releases, names, dict(self.channels), d, self.largest)
                 state = apply_deltas(base, [block], table if d.new_tags.size else table.copy())
             state.delta = d
@@ -664,7 +729,7 @@ class Memo:
         """The memo of the chunk of source rows start .. start + len(df)."""
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
-        pos, ledger_loss, lasts = self.state.lookup(rtag, self.charged)
+        pos, ledger_loss, lasts = self.state.lookup(rtag, self.charged, guess=start)
         return MemoChunk(self, rid, pos, rtag, ledger_loss, start, lasts)
 
 
@@ -676,12 +741,10 @@ class Memo:
     def settlement(self, chunks: PanelChunk) -> tuple[Settlement, dict]:
         """The ledger after this release, and its summary (counts only). When the release's variables are the
         ledger's, only what it changed (`_delta`: the rows that paid, are new or released a new value), the whole
-        ledger left to be made if it is written whole. Else the whole ledger: the newcomers inserted where they
-        sort (np.searchsorted in the ledger, then one np.insert per array: a copy, no sort of the ledger), then
-        the rows that paid or released a new value updated. A first release (an empty ledger) writes its ε and
-        pairs by release row (slices, no row numbers) and gathers the ledger's rows from them once (np.take by
-        the inverse of each row's position: sequential writes, one read a row) instead of scattering each
-        variable's pairs row by row."""
+        ledger left to be made if it is written whole. Else the whole ledger: the newcomers appended in release
+        order (merged into the tag index), then the rows that paid or released a new value updated. A first
+        release's ledger is the release's rows in order: its ε and pairs written by release row (slices, no row
+        numbers), and its tag index one np.argsort."""
         old = self.state
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
@@ -693,7 +756,8 @@ class Memo:
                 known += part.size - int(np.count_nonzero(part < 0))
             twice = known - int(np.count_nonzero(hit[1:]))
             del hit
-        newcomers = np.sort(fresh_tags)
+        order = np.argsort(fresh_tags)   # the newcomers in tag order: the check below, then the tag index
+        newcomers = fresh_tags[order]
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
@@ -707,46 +771,31 @@ class Memo:
         paid_rows, paid = _joined(chunks.charge, np.float64)
         names, before_table = last_pair_table(old) if old.records.size else ([], None)
         if old.records.size and names == self.charged:
-            delta = self._delta(chunks, pos, fresh_rows, fresh_tags, newcomers, paid_rows, paid, before_table)
+            delta = self._delta(chunks, pos, fresh_rows, fresh_tags, paid_rows, paid, before_table)
             largest = max(largest_units(old), int(delta.loss.max()) if delta.loss.size else 0)
             settlement = Settlement(old, old.releases + 1, dict(self.fingerprints), delta, largest)
             return settlement, self._summary(settlement.releases, chunks, pos.size, fresh_rows.size, paid)
-        ins = np.searchsorted(old.records, newcomers)    # each newcomer goes before this old row
-        m, n = old.records.size, old.records.size + ins.size
-        records = newcomers if not m else np.insert(old.records, ins, newcomers) if ins.size else old.records
-        if ins.size:   # every row's record in the new ledger
-            if m:      # an old row moves down by the newcomers inserted before it (a prefix count)
-                moved_by = np.cumsum(np.bincount(ins, minlength=m + 1)[:m])
-                known = np.flatnonzero(pos >= 0)
-                pos[known] += moved_by[pos[known]]
-                del moved_by, known
-            pos[fresh_rows] = PanelState(records).positions(fresh_tags)
-
-        def grown(a: np.ndarray | None, fill, dtype) -> np.ndarray:
-            if a is None or not m:
-                return np.full(n, fill, dtype=dtype)
-            return np.insert(a, ins, fill) if ins.size else a.copy()
-
-        # an array nothing changes is the old one, shared (the old state is read, never written)
-        if not m:   # a first release: ledger row i is release row ledger_row[i]
-            ledger_row = np.empty(n, dtype=np.int64)
-            ledger_row[pos] = np.arange(n)
-            state, summary = self._first_settled(chunks, records, ledger_row, paid_rows, paid)
+        m, n = old.records.size, old.records.size + fresh_tags.size
+        if not m:   # a first release: ledger row i is release row i
+            state, summary = self._first_settled(chunks, fresh_tags, newcomers, order, paid_rows, paid)
             return Settlement.of(state), summary
-        loss = old.loss if m and not ins.size and not paid.size else grown(old.loss, 0.0, np.float64)
+        pos[fresh_rows] = m + np.arange(fresh_rows.size)
+        records = np.concatenate([old.records, fresh_tags])
+        ordered, by_tag = merged_index(*old.tag_index(), m, fresh_tags, order)
+        loss = np.concatenate([old.loss, np.zeros(fresh_tags.size)])
         loss[pos[paid_rows]] += paid   # a record is one row: no repeated index
         last, history = {}, {}
         pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
         table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
         for j, v in enumerate(self.charged):
             if v in old.last:
-                table[:, j] = np.insert(old.last[v], ins, 0) if ins.size else old.last[v]
+                table[:m, j] = old.last[v]
         for j, v in enumerate(self.charged):
             lv = table[:, j]
             before = old.last.get(v)
             rows, pair = pairs.pop(v)
             at = pos[rows]
-            replaced = lv[at] if before is not None and m else np.empty(0, dtype=np.uint64)   # else all 0
+            replaced = lv[at] if before is not None else np.empty(0, dtype=np.uint64)   # else all 0
             if at.size:
                 lv[at] = pair
             last[v] = lv
@@ -754,11 +803,11 @@ class Memo:
             before = old.history.get(v)
             history[v] = added if before is None else \
                 np.insert(before, np.searchsorted(before, added), added) if added.size else before
-        state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1)
+        state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1, ordered, by_tag)
         return Settlement.of(state), self._summary(state.releases, chunks, pos.size, fresh_rows.size, paid)
 
     def _delta(self, chunks: PanelChunk, pos: np.ndarray, fresh_rows: np.ndarray, fresh_tags: np.ndarray,
-               newcomers: np.ndarray, paid_rows: np.ndarray, paid: np.ndarray, table: np.ndarray) -> PanelDelta:
+               paid_rows: np.ndarray, paid: np.ndarray, table: np.ndarray) -> PanelDelta:
         """What the release changes in the ledger read, whose variables are the release's (`table`: its last
         pairs): the rows that paid, are new or released a new pair, by record tag (sorted), with their cumulative
         ε and last pairs afterwards, and per variable the pairs they replaced (added to its history). Reads only
@@ -788,27 +837,25 @@ class Memo:
             added[v] = np.sort(replaced[replaced != 0])
             lasts[i, j] = pair
         order = np.argsort(tags)
-        return PanelDelta(newcomers, tags[order], loss[order], lasts[order], added)
+        return PanelDelta(fresh_tags, tags[order], loss[order], lasts[order], added)
 
-    def _first_settled(self, chunks: PanelChunk, records: np.ndarray, ledger_row: np.ndarray,
+    def _first_settled(self, chunks: PanelChunk, records: np.ndarray, ordered: np.ndarray, by_tag: np.ndarray,
                        paid_rows: np.ndarray, paid: np.ndarray) -> tuple[PanelState, dict]:
-        """`settled` for a first release: every row is a newcomer, and ledger row i is release row ledger_row[i]."""
+        """`settled` for a first release: every row is a newcomer, and ledger row i is release row i (`ordered`,
+        `by_tag`: its tags in increasing order and their rows)."""
         n = records.size
         loss = np.zeros(n)
         loss[paid_rows] = paid
-        loss = np.take(loss, ledger_row)
-        by_row = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
+        table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
         for j, v in enumerate(self.charged):
             for rows, pair in chunks.pairs[v]:
                 if isinstance(rows, (int, np.integer)):
-                    by_row[rows:rows + pair.size, j] = pair
+                    table[rows:rows + pair.size, j] = pair
                 else:
-                    by_row[rows, j] = pair
-        table = np.take(by_row, ledger_row, axis=0)
-        del by_row
+                    table[rows, j] = pair
         state = PanelState(records, loss, {v: table[:, j] for j, v in enumerate(self.charged)},
                            {v: self.state.history.get(v, np.empty(0, dtype=np.uint64)) for v in self.charged},
-                           dict(self.fingerprints), self.state.releases + 1)
+                           dict(self.fingerprints), self.state.releases + 1, ordered, by_tag)
         return state, self._summary(state.releases, chunks, n, n, paid)
 
     def _summary(self, releases: int, chunks: PanelChunk, rows: int, new: int, paid: np.ndarray) -> dict:

@@ -7,6 +7,7 @@ tests/system/test_longitudinal_flow.py): profile, choose, perturb with every row
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -479,9 +480,13 @@ def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
 
 
 # ---- the ledger's lookup: the C kernel (panel_lookup, panel_index) against numpy and a dict ----------------------
-def ledger(records: np.ndarray, rng, variables=("a", "b"), table: bool = False) -> panel.PanelState:
-    """A ledger of random loss and last pairs: separate arrays, or the columns of one row-major table (as saved)."""
+def ledger(records: np.ndarray, rng, variables=("a", "b"), table: bool = False,
+           shuffled: bool = False) -> panel.PanelState:
+    """A ledger of random loss and last pairs: separate arrays, or the columns of one row-major table (as saved);
+    its rows in tag order, or `shuffled` (as a release's order leaves them)."""
     records = np.unique(records.astype(np.uint64))
+    if shuffled:
+        records = records[rng.permutation(records.size)]
     lasts = rng.integers(1, 2**63, (records.size, len(variables)), dtype=np.uint64)
     return panel.PanelState(records, rng.random(records.size),
                             {v: lasts[:, j] if table else lasts[:, j].copy() for j, v in enumerate(variables)},
@@ -491,18 +496,20 @@ def ledger(records: np.ndarray, rng, variables=("a", "b"), table: bool = False) 
 EDGE = np.array([0, 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1], dtype=np.uint64)
 
 
+@pytest.mark.parametrize("shuffled", [False, True])
 @pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("m", [0, 1, 2, 7, 64, 5000])
-def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, monkeypatch):
+def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, shuffled, monkeypatch):
     """Each tag's row, ε and last pairs: the C kernel, the numpy twin and a dict agree, on ledgers of every size
-    (empty, one row, buckets of one and of many rows), the 64-bit ends, absent and repeated tags, a variable the
+    (empty, one row, buckets of one and of many rows), in tag order or in another (through the tag index), the
+    64-bit ends, absent and repeated tags in random order (most left to the kernel's batched pass), a variable the
     ledger does not have; and so do the bucket indexes of C and numpy."""
     from pram_lib.core import fastpath
 
     assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
     rng = np.random.default_rng(m)
     drawn = rng.integers(0, 2**64, m, dtype=np.uint64, endpoint=False)
-    state = ledger(np.concatenate([drawn, EDGE[:min(m, 4)]]) if m else drawn, rng, table=table)
+    state = ledger(np.concatenate([drawn, EDGE[:min(m, 4)]]) if m else drawn, rng, table=table, shuffled=shuffled)
     clustered = state.records[:1] + np.arange(3, dtype=np.uint64) if m else EDGE[:0]   # neighbours of a row
     tags = np.concatenate([state.records, rng.integers(0, 2**64, 300, dtype=np.uint64), EDGE, clustered,
                            state.records[::3]])
@@ -528,8 +535,49 @@ def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, monkeypatch):
         np_index = fresh.bucket_index()
         assert c_index[1] == np_index[1] and np.array_equal(c_index[0], np_index[0])
         index, shift = np_index
-        first = np.array([np.searchsorted(state.records >> np.uint64(shift), b) for b in range(index.size)])
+        ordered = np.sort(state.records)
+        first = np.array([np.searchsorted(ordered >> np.uint64(shift), b) for b in range(index.size)])
         assert np.array_equal(index, first)
+
+
+@pytest.mark.parametrize("start", [0, 1234, 4999, 5000, 10**9, -3])
+def test_lookup_in_release_order_follows_the_ledger_and_finds_the_rest(start):
+    """A release of the same people in the ledger's order, some gone, newcomers among them, a run of 300 out of
+    order, from any first guess (a chunk's first row; past the end; negative): every row, ε and last pair as a dict
+    says, and as the numpy twin gives."""
+    rng = np.random.default_rng(start % 97)
+    state = ledger(rng.integers(0, 2**64, 6000, dtype=np.uint64), rng, shuffled=True)
+    kept = state.records[rng.random(state.records.size) > 0.05]                   # 5 % gone
+    tags = np.insert(kept, np.sort(rng.integers(0, kept.size, 200)), rng.integers(0, 2**64, 200, dtype=np.uint64))
+    tags[1000:1300] = tags[1000:1300][rng.permutation(300)]
+    tags = tags[max(0, min(start, tags.size - 100)):]
+    pos, loss, lasts = state.lookup(tags, ["a", "b"], guess=start)
+    row = {int(t): j for j, t in enumerate(state.records)}
+    want = np.array([row.get(int(t), -1) for t in tags], dtype=np.int64)
+    assert np.array_equal(pos, want) and (want >= 0).sum() > 0.9 * tags.size
+    at = np.maximum(want, 0)
+    assert np.array_equal(loss, np.where(want >= 0, state.loss[at], 0.0))
+    for v in ("a", "b"):
+        assert np.array_equal(lasts[v], np.where(want >= 0, state.last[v][at], 0).astype(np.uint64))
+    twin = state.lookup_numpy(tags, ["a", "b"])
+    assert np.array_equal(twin[0], pos) and np.array_equal(twin[1], loss)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_tag_index_that_names_the_wrong_rows_is_refused(fast, monkeypatch):
+    """A tag index whose rows do not hold its tags (a damaged ledger) is refused, not followed to another record's
+    ε: by the C kernel and by the numpy twin."""
+    from pram_lib.core import fastpath
+
+    rng = np.random.default_rng(4)
+    state = ledger(rng.integers(0, 2**64, 3000, dtype=np.uint64), rng, shuffled=True)
+    ordered, by_tag = state.tag_index()
+    bad = panel.PanelState(state.records, state.loss, state.last, state.history, sorted_tags=ordered,
+                           by_tag=np.roll(by_tag, 1))
+    if not fast:
+        monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+    with pytest.raises(panel.PanelError, match="tag index"):
+        bad.lookup(state.records[rng.permutation(3000)], ["a"])
 
 
 def test_seen_with_gathered_last_pairs_equals_seen_without():
@@ -579,6 +627,55 @@ def test_the_ledger_file_round_trips_owner_only_and_a_damaged_one_is_refused(tmp
             store.load()
 
 
+def test_a_ledger_in_release_order_keeps_its_order_and_its_tag_index(tmp_path):
+    """A ledger whose rows are in release order is saved with its tag index and read back with both as saved (the
+    index read, not sorted again); a damaged index (not increasing, or of another length) is refused."""
+    rng = np.random.default_rng(10)
+    state = ledger(rng.integers(0, 2**64, 800, dtype=np.uint64), rng, ("a", "b"), shuffled=True)
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    store.save(state)
+    back = store.load()
+    assert np.array_equal(back.records, state.records) and back.by_tag is not None
+    assert np.array_equal(back.sorted_tags, np.sort(state.records))
+    assert np.array_equal(back.records[back.by_tag], back.sorted_tags)
+    arrays = {k: np.array(v) for k, v in panel.read_ledger(store.folder / panel.STATE_FILE).items()}   # copies
+    del back
+    header = arrays.pop("header")
+    for name, broken in (("sorted_tags", arrays["sorted_tags"][::-1]), ("by_tag", arrays["by_tag"][:-1])):
+        path = store.folder / panel.STATE_FILE
+        with open(tmp_path / "damaged", "wb") as f:   # then renamed over it, as the ledger is only ever replaced
+            for a in [header] + [broken if k == name else v for k, v in arrays.items()]:
+                np.save(f, np.ascontiguousarray(a), allow_pickle=False)
+        (tmp_path / "damaged").replace(path)
+        with pytest.raises(panel.PanelError, match=r"records\.npy: the per-record ledger cannot be read"):
+            store.load()
+
+
+def test_a_ledger_in_tag_order_of_the_former_format_is_read(tmp_path):
+    """A ledger written before release order (format 3: rows in tag order, no tag index) is read as it was, the
+    records their own index; a later release appends to it and saves it in the present format."""
+    rng = np.random.default_rng(11)
+    state = ledger(rng.integers(0, 2**64, 600, dtype=np.uint64), rng, ("a",))
+    store = panel.PanelStore(tmp_path, "people")
+    store.folder.mkdir(parents=True)
+    header = {"format": panel.SORTED_LEDGER_FORMAT, "variables": ["a"], "channels": ["fa"], "releases": 2}
+    with open(store.folder / panel.STATE_FILE, "wb") as f:
+        for a in (np.array(json.dumps(header)), state.records, state.loss, state.last["a"].reshape(-1, 1),
+                  state.history["a"]):
+            np.save(f, np.ascontiguousarray(a), allow_pickle=False)
+    back = store.load()
+    assert np.array_equal(back.records, state.records) and back.by_tag is None and back.releases == 2
+    tags = state.records[rng.permutation(600)]
+    assert np.array_equal(back.positions(tags), np.searchsorted(state.records, tags))
+    fresh = rng.integers(0, 2**64, 5, dtype=np.uint64)
+    grown = panel.PanelState(np.concatenate([back.records, fresh]), np.zeros(605), {"a": np.zeros(605, np.uint64)},
+                             {"a": back.history["a"]}, {"a": "fa"}, 3)
+    store.save(grown)
+    again = store.load()
+    assert again.records[600:].tolist() == fresh.tolist() and np.array_equal(again.positions(fresh), np.arange(600, 605))
+
+
 def test_a_ledger_in_the_former_zip_format_is_read_and_replaced(tmp_path):
     """A population whose ledger an earlier version wrote (records.npz) releases on: it is read as it was, and the
     next save writes records.npy and removes it (one ledger, never two)."""
@@ -602,7 +699,8 @@ def test_a_ledger_in_the_former_zip_format_is_read_and_replaced(tmp_path):
 @pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("old_size, new_size", [(0, 300), (400, 0), (400, 150), (1, 1)])
 def test_settled_equals_a_dict_of_records(old_size, new_size, table, kept):
-    """The settled ledger against a dict per record: newcomers inserted in tag order, ε added where paid, each
+    """The settled ledger against a dict per record: newcomers appended in release order (the tag index their tags
+    sorted, with their rows), ε added where paid, each
     variable's last pair replaced where released and the replaced one added to its sorted history; a variable the
     ledger did not have starts at 0, one no longer released is dropped; in two chunks, one kept without row numbers.
     The ledger's variables the release's (kept a, b): made from the release's delta; the ledger read is left as
@@ -654,8 +752,11 @@ def test_settled_equals_a_dict_of_records(old_size, new_size, table, kept):
                     if rec[tag_of_row[r]][v]:
                         history[v].append(rec[tag_of_row[r]][v])
                     rec[tag_of_row[r]][v] = int(x)
-    order = sorted(rec)
+    order = [int(t) for t in state.records] + [int(t) for t in fresh_tags]   # the ledger's rows, then newcomers
     assert got.records.tolist() == order and sorted(got.last) == ["a", "b"]
+    ordered, by_tag = got.tag_index()
+    assert ordered.tolist() == sorted(rec)
+    assert (got.records if by_tag is None else got.records[by_tag]).tolist() == sorted(rec)
     assert np.array_equal(got.loss, [rec[t]["loss"] for t in order])
     for v in ("a", "b"):
         assert got.last[v].tolist() == [rec[t][v] for t in order]
