@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import secrets
+import sys
 from decimal import ROUND_FLOOR
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -402,11 +403,15 @@ def last_pair_table(state: PanelState) -> tuple[list[str], np.ndarray]:
     return names, np.stack(cols, axis=1)
 
 
+MADV_POPULATE_READ = 22   # linux/mman.h (Linux 5.14); Python 3.11's mmap module does not name it
+
+
 def read_ledger(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a ledger file by name, no pickles. The numeric arrays are views of the file mapped into memory
     copy-on-write (the standard library's mmap, MAP_PRIVATE: a write changes this process's pages, never the file;
     numpy's .npy header reader): no copy of the file into fresh memory (1 s for a 10^7-record ledger, most of it
-    the kernel zeroing pages). The file is only ever replaced (a new file renamed over it), never written in
+    the kernel zeroing pages), the page tables filled by madvise(MADV_POPULATE_READ), which, unlike MAP_POPULATE
+    on a writable private mapping, does not copy the pages (0.05 s against 0.4 s for a 720 MB ledger). The file is only ever replaced (a new file renamed over it), never written in
     place, so a mapping keeps the ledger it read."""
     import mmap
     from numpy.lib import format as npy
@@ -418,8 +423,12 @@ def read_ledger(path: Path) -> dict[str, np.ndarray]:
         names = head["variables"]
         kept = LEDGER_ARRAYS[1:] if head.get("format") == LEDGER_FORMAT else LEDGER_ARRAYS[1:4]
         size = os.fstat(f.fileno()).st_size
-        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if sys.platform.startswith("linux"):   # page tables filled at once, the file's pages shared (MAP_POPULATE
+            try:                                # would copy every page of a writable private mapping)
+                mapped.madvise(MADV_POPULATE_READ)
+            except OSError:                     # before Linux 5.14: pages mapped as they are read
+                pass
         for name in kept + tuple(f"history_{j}" for j in range(len(names))):
             version = npy.read_magic(f)
             shape, fortran, dtype = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)
