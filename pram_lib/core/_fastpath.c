@@ -305,19 +305,20 @@ int64_t panel_lookup(const uint64_t *records, int64_t m, const uint64_t *sorted,
 
 /* MemoChunk.admit's accounting of one variable over a chunk's n rows, in one pass (pram_lib.ops.panel; its numpy
  * twin is MemoChunk.account_numpy, which gives the same arrays). Row i's pair hash h[i] is its record's last
- * released pair when the record is in the ledger (pos[i] >= 0) and last[i] == h[i]; else it is new to the record
+ * released pair when the record is in the ledger (pos[i] >= 0) and last[pos[i] * stride] == h[i] (`last`: the
+ * ledger's column of the variable, read in place); else it is new to the record
  * unless the sorted `history` (nhistory pairs released before, no longer a record's last) holds it. `last` NULL:
  * the ledger does not account the variable (every pair new). A new pair of a live row costs eps pico-ε if the
  * row's loss stays within cap (it is then added to loss[i] and charge[i]), else the row is blocked (ok[i] = 0).
  * moved[] gets the rows whose pair becomes their record's last (live, ok, not already the last), in order;
  * counts = {paid rows already in the ledger, blocked rows}. Returns how many rows were moved. */
-int64_t panel_admit(const uint64_t *h, const uint64_t *last, const int64_t *pos, const uint8_t *live,
+int64_t panel_admit(const uint64_t *h, const uint64_t *last, int64_t stride, const int64_t *pos, const uint8_t *live,
                     const uint64_t *history, int64_t nhistory, double eps, double cap, double *loss, double *charge,
                     uint8_t *ok, int64_t *moved, int64_t *counts, int64_t n) {
     int64_t k = 0, changed = 0, blocked = 0;
     for (int64_t i = 0; i < n; i++) {
         int known = pos[i] >= 0;
-        int is_last = last != NULL && known && last[i] == h[i];
+        int is_last = last != NULL && known && last[pos[i] * stride] == h[i];
         int fresh = !is_last;
         if (fresh && known && last != NULL && nhistory > 0) {   /* np.searchsorted's left side */
             int64_t lo = 0, hi = nhistory;

@@ -73,7 +73,7 @@ def keep_uniform_kernel():
     kernels["panel_index"] = lib.panel_index
     d = ctypes.c_double
     lib.panel_admit.restype = i64
-    lib.panel_admit.argtypes = [p, p, p, p, p, i64, d, d, p, p, p, p, p, i64]
+    lib.panel_admit.argtypes = [p, p, i64, p, p, p, i64, d, d, p, p, p, p, p, i64]
     kernels["panel_admit"] = lib.panel_admit
     lib.gamma_keyed.restype = None
     lib.gamma_keyed.argtypes = [p, i64, u64, u64, u64, d, d, d, d, d, p]

@@ -738,8 +738,8 @@ class Memo:
         """The memo of the chunk of source rows start .. start + len(df)."""
         rid = self.record_ids(df)
         rtag = self.prf.hashes(rid, RECORD_TAG, np.zeros(rid.size, dtype=np.uint64))
-        pos, ledger_loss, lasts = self.state.lookup(rtag, self.charged, guess=start)
-        return MemoChunk(self, rid, pos, rtag, ledger_loss, start, lasts)
+        pos, ledger_loss, _ = self.state.lookup(rtag, (), guess=start)
+        return MemoChunk(self, rid, pos, rtag, ledger_loss, start)
 
 
     def settled(self, chunks: PanelChunk) -> tuple[PanelState, dict]:
@@ -885,11 +885,10 @@ class MemoChunk:
     records whose value is new to them (or blocks it at the cap), `uniforms` gives each row its permanent draw."""
 
     def __init__(self, memo: Memo, rid: np.ndarray, pos: np.ndarray, rtag: np.ndarray, ledger_loss: np.ndarray,
-                 start: int, lasts: dict[str, np.ndarray] | None = None):
+                 start: int):
         self.memo, self.rid, self.pos, self.rtag, self.start = memo, rid, pos, rtag, start
         self.ledger_loss = ledger_loss     # each row's cumulative pico-ε in the ledger read (0: a newcomer)
         self.loss = memo.base_units + ledger_loss
-        self.lasts = lasts or {}   # variable -> each row's last released pair tag (0: none), from the ledger
         self.charge = np.zeros(rid.size)
         self.known = pos >= 0
         fresh = np.flatnonzero(~self.known)
@@ -924,14 +923,18 @@ class MemoChunk:
             return self.account_numpy(variable, h, live)
         state = self.memo.state
         last = history = None
-        if variable in state.last and state.records.size:
-            last = self._last_pairs(variable)
+        stride = 1
+        if variable in state.last and state.records.size:   # the ledger's column, read in place by row
+            last = state.last[variable]
+            if not (last.dtype == np.uint64 and last.ndim == 1 and last.strides[0] % 8 == 0 and last.strides[0] > 0):
+                last = np.ascontiguousarray(last, dtype=np.uint64)
+            stride = last.strides[0] // 8
             history = np.ascontiguousarray(state.history[variable], dtype=np.uint64)
         n = h.size
         ok, moved, counts = np.empty(n, dtype=bool), np.empty(n, dtype=np.int64), np.zeros(2, dtype=np.int64)
         pos = np.ascontiguousarray(self.pos, dtype=np.int64)
         k = lib["panel_admit"](np.ascontiguousarray(h, dtype=np.uint64).ctypes.data,
-                               None if last is None else last.ctypes.data, pos.ctypes.data, live.ctypes.data,
+                               None if last is None else last.ctypes.data, stride, pos.ctypes.data, live.ctypes.data,
                                None if history is None else history.ctypes.data, 0 if history is None else history.size,
                                self.memo.units(variable), self.memo.cap_units, self.loss.ctypes.data,
                                self.charge.ctypes.data, ok.ctypes.data, moved.ctypes.data, counts.ctypes.data, n)
@@ -953,14 +956,10 @@ class MemoChunk:
         return ok, moved, int(np.count_nonzero(paid & self.known)), ok.size - int(np.count_nonzero(ok))
 
     def _last_pairs(self, variable: str) -> np.ndarray:
-        """Each row's last released pair of `variable` (0: none): from the ledger read, else read now."""
-        last = self.lasts.get(variable)
-        if last is None:
-            state = self.memo.state
-            last = np.zeros(self.pos.size, dtype=np.uint64)
-            last[self.known] = state.last[variable][self.pos[self.known]]
-            self.lasts[variable] = last
-        return np.ascontiguousarray(last, dtype=np.uint64)
+        """Each row's last released pair of `variable` (0: none), gathered from the ledger."""
+        last = np.zeros(self.pos.size, dtype=np.uint64)
+        last[self.known] = self.memo.state.last[variable][self.pos[self.known]]
+        return last
 
     def finish(self) -> PanelChunk:
         """The chunk's accounting, once every variable is admitted."""

@@ -918,7 +918,8 @@ def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_record
     assert abs(got.pure - 3 * eps) < 1e-9
 
 
-@pytest.mark.parametrize("case", ["steady", "empty ledger", "variable not in the ledger", "no history"])
+@pytest.mark.parametrize("case", ["steady", "row-major table", "empty ledger", "variable not in the ledger",
+                                  "no history"])
 def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case, monkeypatch):
     """MemoChunk.account for one variable: the C kernel, the numpy twin and a row-by-row reading of the rule agree
     (a pair is free when it is the record's last or in the variable's history; a new pair of a live row costs ε
@@ -930,8 +931,9 @@ def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case
     assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
     rng = np.random.default_rng(7)
     m, n, eps, cap = 3000, 2000, 0.5, 4.0
-    state = ledger(rng.integers(0, 2**64, m, dtype=np.uint64), rng, variables=("a",) if case != "variable not in "
-                   "the ledger" else ("b",)) if case != "empty ledger" else panel.PanelState()
+    variables = {"variable not in the ledger": ("b",), "row-major table": ("b", "a")}.get(case, ("a",))
+    state = ledger(rng.integers(0, 2**64, m, dtype=np.uint64), rng, variables, table=case == "row-major table") \
+        if case != "empty ledger" else panel.PanelState()   # the table's column of "a": every second word
     state.history = {v: np.sort(rng.integers(1, 2**63, 0 if case == "no history" else 500, dtype=np.uint64))
                      for v in state.last}
     memo = panel.Memo(KeyedPrf(bytes(16)), state, "k", cap, 0.0, {"a": eps}, {"a": "fa"})
@@ -949,7 +951,7 @@ def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case
     live = rng.random(n) < 0.9
 
     def chunk():
-        return panel.MemoChunk(memo, np.arange(n), pos.copy(), rtag, loss.copy(), 0, dict(lasts))
+        return panel.MemoChunk(memo, np.arange(n), pos.copy(), rtag, loss.copy(), 0)
 
     c_chunk, np_chunk = chunk(), chunk()
     got = c_chunk.account("a", h, live)
