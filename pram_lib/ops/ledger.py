@@ -352,15 +352,18 @@ def composed_epsilon(parts: tuple[tuple[str, str, int], ...], delta: float) -> f
                         for kind, key, times in parts]).epsilon(delta)
 
 
-def composed(history: list[Spend], delta: float, extra: list[dict] | None = None) -> Composed:
-    """The composed guarantee of the counted spends of `history` (and of `extra`, a release's recipe, if given)."""
+def composed(history: list[Spend], delta: float, extra: list[dict] | None = None,
+             epsilon: bool = True) -> Composed:
+    """The composed guarantee of the counted spends of `history` (and of `extra`, a release's recipe, if given);
+    without `epsilon`, its figures but ε (NaN: not composed)."""
     counted = [s for s in history if s.status in COUNTED]
     recipes = [s.recipe() for s in counted] + ([extra] if extra is not None else [])
     alike: dict[str, int] = {}   # releases of one spec publish alike: each kind composed with itself once
     for r in recipes:
         key = json.dumps(r, sort_keys=True)
         alike[key] = alike.get(key, 0) + 1
-    eps = composed_epsilon(tuple(("recipe", k, n) for k, n in alike.items()), delta) if recipes else 0.0
+    eps = float("nan") if not epsilon else \
+        composed_epsilon(tuple(("recipe", k, n) for k, n in alike.items()), delta) if recipes else 0.0
     beta = sum(x.get("gate", 0.0) + x.get("refusal", 0.0) for r in recipes for x in r)
     refusals = sum(1 for s in counted if s.status == "refused")
     pure = units_epsilon(sum(s.units for s in counted) + (epsilon_units(sum(x.get("ldp", x.get("epsilon", 0.0))
@@ -587,9 +590,9 @@ def population_summary(spec: ReleaseSpec, extra: list[dict] | None = None) -> Co
     hist = ledger.history(pop.key)
     if extra is not None:
         hist = [s for s in hist if s.status != "reserved"]
-    whole = composed(hist, pop.delta, extra)
     if spec.longitudinal is None:
-        return whole
+        return composed(hist, pop.delta, extra)
+    whole = composed(hist, pop.delta, extra, epsilon=False)   # its ε only when the per-record one may be larger
     largest = PanelStore(spec.resolve(spec.private_store), pop.key).largest()
     bound = epsilon_units(pop.cap, ROUND_FLOOR) if largest is None else largest
     if extra is not None:   # this release may add its ε to any record (its ledger not yet written): at most the cap
@@ -606,26 +609,38 @@ def per_record(history: list[Spend], delta: float, extra: list[dict] | None, lar
     loss is dominated by composing, per variable, c_v copies of the variable's channel (its PLD when every
     release used the same channel, else binary randomized response at its largest ε, which dominates every
     ε-LDP channel). `whole` (every release composed for every record) is also an upper bound: the smaller is
-    reported. Entries written before the recipe named its variables cannot be split: then `whole` stands."""
+    reported. Entries written before the recipe named its variables cannot be split: then `whole` stands. `whole`
+    may come without its ε (NaN): it is composed here only when needed, for when every variable's entries are
+    alike the per-record composition is a part of the whole one (c_v of the releases' copies of each channel), so
+    its ε is never the larger."""
+    def whole_composed() -> Composed:
+        return whole if not math.isnan(whole.epsilon) else composed(history, delta, extra)
+
     recipes = [s.recipe() for s in history if s.status in COUNTED] + ([extra] if extra is not None else [])
     by_variable: dict[str, list[dict]] = {}
     for r in recipes:
         for x in r:
             if "matrix" in x or "ldp" in x:
                 if "variable" not in x:
-                    return whole
+                    return whole_composed()
                 by_variable.setdefault(x["variable"], []).append(x)
-    parts = []
+    parts, every_time = [], True
     for entries in by_variable.values():
         least = min(epsilon_units(x.get("ldp", x.get("epsilon", 0.0))) for x in entries)
         times = len(entries) if least == 0 else min(len(entries), largest // least)
+        every_time &= times == len(entries)
         if times == 0:
             continue
         same = all(json.dumps(x, sort_keys=True) == json.dumps(entries[0], sort_keys=True) for x in entries)
         parts.append(("recipe", json.dumps([entries[0]], sort_keys=True), times) if same else
                      ("ldp", json.dumps(max(x.get("ldp", x.get("epsilon", 0.0)) for x in entries)), times))
+    alike = all(kind == "recipe" for kind, _, _ in parts)
+    if alike and every_time:   # the worst record may have paid every release: the whole composition is its own
+        return whole_composed()
     eps = composed_epsilon(tuple(parts), delta) if parts else 0.0
-    if eps >= whole.epsilon:
+    if not alike:   # a bound by randomized response may pass the whole one
+        whole = whole_composed()
+    if eps >= whole.epsilon:   # False when NaN: the per-record ε stands
         return whole
     return Composed(eps, whole.delta, whole.releases, whole.refusals, gate_delta(eps, whole.beta), whole.pure,
                     per_record=True, beta=whole.beta)

@@ -888,7 +888,7 @@ def _kary_rr_epsilon_at(eps: float, k: int, delta: float) -> float:
 
 
 @pytest.mark.parametrize("change", [False, True])
-def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_records(tmp_path, change):
+def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_records(tmp_path, change, monkeypatch):
     """Issue 30 item 4: a longitudinal population's composed (ε, δ) comes from its per-record history. Three
     releases of rr-uniform (γ = 4 on 4 sizes): when no record's value changes, every record paid once, so the
     worst record's loss is one k-ary RR (closed form), far below three releases composed; when every record gets
@@ -908,7 +908,12 @@ def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_record
         ledger.reserve("people", 10.0, f"run{r}", "panel", eps)
         ledger.settle(f"run{r}", eps, f"folder{r}", [{"variable": "size", "matrix": matrix, "epsilon": eps},
                                                       {"gate": 1e-3}])
+    from pram_lib.ops import ledger as ledger_module
+
+    composed, real = [], ledger_module.composed_epsilon.__wrapped__
+    monkeypatch.setattr(ledger_module, "composed_epsilon", lambda parts, d: (composed.append(parts), real(parts, d))[1])
     got = population_summary(spec)
+    assert len(composed) == 1   # one composition: the whole one, or the per-record one (never the larger)
     one = _kary_rr_epsilon_at(eps, k, 1e-6)
     if change:
         assert not got.per_record and got.epsilon > 2.5 * one   # every release composed: the whole figure
