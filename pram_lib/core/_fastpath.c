@@ -13,6 +13,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct bitgen {
     void *state;
@@ -342,6 +344,60 @@ int64_t panel_admit(const uint64_t *h, const uint64_t *last, int64_t stride, con
     counts[0] = changed;
     counts[1] = blocked;
     return k;
+}
+
+/* The order of n distinct tags (np.argsort's) for a ledger's tag index: a counting sort on the top bits (tag >>
+ * shift, `buckets` of them), then each bucket sorted (insertion sort while it is small, else heapsort: the tags are
+ * keyed hashes, a few per bucket, but the result never depends on that). Writes sorted[] (the tags in increasing
+ * order), rows[] (their positions in tags[]) and index[] (panel_index's bucket index of sorted[]). Returns 0, or -1
+ * when memory for the bucket cursors could not be had (nothing written). */
+static void sift(uint64_t *t, int64_t *r, int64_t root, int64_t end) {
+    for (;;) {
+        int64_t child = 2 * root + 1;
+        if (child >= end) return;
+        if (child + 1 < end && t[child + 1] > t[child]) child++;
+        if (t[root] >= t[child]) return;
+        uint64_t x = t[root]; t[root] = t[child]; t[child] = x;
+        int64_t y = r[root]; r[root] = r[child]; r[child] = y;
+        root = child;
+    }
+}
+
+static void bucket_sort(uint64_t *t, int64_t *r, int64_t k) {
+    if (k <= 32) {
+        for (int64_t i = 1; i < k; i++) {
+            uint64_t x = t[i];
+            int64_t y = r[i], j = i - 1;
+            while (j >= 0 && t[j] > x) { t[j + 1] = t[j]; r[j + 1] = r[j]; j--; }
+            t[j + 1] = x;
+            r[j + 1] = y;
+        }
+        return;
+    }
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift(t, r, i, k);
+    for (int64_t end = k - 1; end > 0; end--) {
+        uint64_t x = t[0]; t[0] = t[end]; t[end] = x;
+        int64_t y = r[0]; r[0] = r[end]; r[end] = y;
+        sift(t, r, 0, end);
+    }
+}
+
+int64_t tag_sort(const uint64_t *tags, int64_t n, int shift, int64_t buckets, int64_t *index, uint64_t *sorted,
+                 int64_t *rows) {
+    int64_t *next = malloc((size_t)buckets * sizeof(int64_t));
+    if (next == NULL) return -1;
+    memset(index, 0, (size_t)(buckets + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) index[(tags[i] >> shift) + 1]++;
+    for (int64_t b = 0; b < buckets; b++) index[b + 1] += index[b];
+    memcpy(next, index, (size_t)buckets * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = next[tags[i] >> shift]++;
+        sorted[at] = tags[i];
+        rows[at] = i;
+    }
+    free(next);
+    for (int64_t b = 0; b < buckets; b++) bucket_sort(sorted + index[b], rows + index[b], index[b + 1] - index[b]);
+    return 0;
 }
 
 /* panel_lookup's bucket index of the sorted tags `records` (m of them): index[b] = the first row whose tag >> shift is at

@@ -68,6 +68,9 @@ def keep_uniform_kernel():
     lib.panel_lookup.restype = i64
     lib.panel_lookup.argtypes = [p, i64, p, p, p, ctypes.c_int, p, p, p, i64, p, i64, i64, p, p, p]
     kernels["panel_lookup"] = lib.panel_lookup
+    lib.tag_sort.restype = i64
+    lib.tag_sort.argtypes = [p, i64, ctypes.c_int, i64, p, p, p]
+    kernels["tag_sort"] = lib.tag_sort
     lib.panel_index.restype = None
     lib.panel_index.argtypes = [p, i64, ctypes.c_int, i64, p]
     kernels["panel_index"] = lib.panel_index

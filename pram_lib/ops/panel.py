@@ -11,7 +11,10 @@ The per-record ledger (`records.npy` beside the secret) keeps, per record, keyed
 its cumulative ε (in whole pico-ε, as the population ledger: integers, held exactly in float64 below 2^53, so a
 record's cap is decided exactly; an ε computed from a log is charged rounded up), and per variable the pair tag (record, value) last released and every pair tag released
 before. A record pays a variable's ε once per distinct value released for it; a record whose next new value
-would pass the population's cap has that variable released as missing (it pays nothing more).
+would pass the population's cap has that variable released as missing (it pays nothing more). The ledger's rows
+are in the order the releases met the records (a first release's rows in order, newcomers appended), with a tag
+index beside them (the tags sorted, and their rows): a release of the same people in the same order reads the
+ledger front to back, each row checked against its tag, and looks up only the rows out of place.
 A release that changes few records appends only what it changed (`records.delta`: framed blocks, each with
 its length and SHA-256, fsync'd) instead of rewriting the whole ledger; when the deltas pass a quarter of the
 ledger's size, the next release writes the ledger whole again (atomic: a temporary file renamed) and drops them.
@@ -66,6 +69,30 @@ def panel_folder(store: Path, population: str) -> Path:
     return Path(store) / PANEL_FOLDER / population
 
 
+def bucket_bits(n: int) -> int:
+    """log2 of the number of buckets of the tag index of n tags: about one for every 8 tags."""
+    return max(1, int(n - 1).bit_length() - 3)
+
+
+def sort_tags(tags: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, int] | None]:
+    """(the tags in increasing order, their positions, the bucket index of the sorted tags or None): np.argsort's
+    order for distinct tags. The C kernel `tag_sort` (a counting sort on the top bits, then each small bucket:
+    np.argsort took 2.2 s for 10^7 tags on the AMD EPYC of 2026-12-02, np.sort alone 0.8 s), else np.argsort."""
+    from pram_lib.core import fastpath
+
+    tags = np.ascontiguousarray(tags, dtype=np.uint64)
+    lib = fastpath.keep_uniform_kernel()
+    if lib is not None and tags.size > 1:
+        bits = bucket_bits(tags.size)
+        index = np.empty((1 << bits) + 1, dtype=np.int64)
+        ordered, rows = np.empty(tags.size, dtype=np.uint64), np.empty(tags.size, dtype=np.int64)
+        if lib["tag_sort"](tags.ctypes.data, tags.size, 64 - bits, 1 << bits, index.ctypes.data,
+                           ordered.ctypes.data, rows.ctypes.data) == 0:
+            return ordered, rows, (index, 64 - bits)
+    rows = np.argsort(tags)
+    return tags[rows], rows, None
+
+
 @dataclass
 class PanelState:
     """What the private store keeps of a longitudinal population: keyed hashes and per-record ε, never a key or
@@ -87,14 +114,14 @@ class PanelState:
 
     def tag_index(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(the tags in increasing order, their rows; None when the rows are themselves in tag order), made once
-        (np.argsort) when the ledger was not read with them."""
+        (`sort_tags`) when the ledger was not read with them."""
         if self.sorted_tags is None:
             r = self.records
             if r.size < 2 or bool(np.all(r[1:] > r[:-1])):
                 self.sorted_tags, self.by_tag = r, None
             else:
-                self.by_tag = np.argsort(r, kind="stable")
-                self.sorted_tags = r[self.by_tag]
+                self.sorted_tags, self.by_tag, index = sort_tags(r)
+                self._index = self._index or index
         return self.sorted_tags, self.by_tag
 
     def positions(self, rtag: np.ndarray) -> np.ndarray:
@@ -173,7 +200,7 @@ class PanelState:
         from pram_lib.core import fastpath
 
         if self._index is None:
-            bits = max(1, int(self.records.size - 1).bit_length() - 3)
+            bits = bucket_bits(self.records.size)
             shift = 64 - bits
             index = np.zeros((1 << bits) + 1, dtype=np.int64)
             lib = fastpath.keep_uniform_kernel()
@@ -753,7 +780,7 @@ class Memo:
         ledger left to be made if it is written whole. Else the whole ledger: the newcomers appended in release
         order (merged into the tag index), then the rows that paid or released a new value updated. A first
         release's ledger is the release's rows in order: its ε and pairs written by release row (slices, no row
-        numbers), and its tag index one np.argsort."""
+        numbers), and its tag index one sort (`sort_tags`)."""
         old = self.state
         pos = np.concatenate(chunks.pos)
         fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
@@ -765,8 +792,7 @@ class Memo:
                 known += part.size - int(np.count_nonzero(part < 0))
             twice = known - int(np.count_nonzero(hit[1:]))
             del hit
-        order = np.argsort(fresh_tags)   # the newcomers in tag order: the check below, then the tag index
-        newcomers = fresh_tags[order]
+        newcomers, order, index = sort_tags(fresh_tags)   # the newcomers in tag order: the check, the tag index
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
         if twice:
             raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
@@ -787,6 +813,7 @@ class Memo:
         m, n = old.records.size, old.records.size + fresh_tags.size
         if not m:   # a first release: ledger row i is release row i
             state, summary = self._first_settled(chunks, fresh_tags, newcomers, order, paid_rows, paid)
+            state._index = index
             return Settlement.of(state), summary
         pos[fresh_rows] = m + np.arange(fresh_rows.size)
         records = np.concatenate([old.records, fresh_tags])

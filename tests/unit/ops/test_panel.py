@@ -540,6 +540,32 @@ def test_lookup_kernel_equals_a_dict_and_the_numpy_twin(m, table, shuffled, monk
         assert np.array_equal(index, first)
 
 
+@pytest.mark.parametrize("kind", ["uniform", "clustered", "edges"])
+@pytest.mark.parametrize("n", [2, 3, 9, 100, 20_000])
+def test_sorting_tags_equals_argsort_and_gives_the_bucket_index(n, kind, monkeypatch):
+    """sort_tags: the C kernel's counting sort gives np.argsort's order, the tags sorted, and panel_index's bucket
+    index, for keyed-hash-like tags, for tags crowded into a few buckets (a bucket past the insertion sort's size is
+    heap-sorted), and for the 64-bit ends; without the kernel, np.argsort's."""
+    from pram_lib.core import fastpath
+
+    rng = np.random.default_rng(n)
+    if kind == "uniform":
+        tags = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+    elif kind == "clustered":   # every tag in one of two buckets
+        tags = (np.uint64(2**63) + rng.permutation(n).astype(np.uint64)) ^ (np.arange(n, dtype=np.uint64) % 2 << 62)
+    else:
+        tags = np.concatenate([EDGE, rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)])
+    tags = np.unique(tags)[rng.permutation(np.unique(tags).size)]
+    ordered, rows, index = panel.sort_tags(tags)
+    want = np.argsort(tags)
+    assert np.array_equal(rows, want) and np.array_equal(ordered, tags[want]) and index is not None
+    fresh = panel.PanelState(ordered)
+    assert index[1] == fresh.bucket_index()[1] and np.array_equal(index[0], fresh.bucket_index()[0])
+    monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+    ordered, rows, index = panel.sort_tags(tags)
+    assert np.array_equal(rows, want) and index is None
+
+
 @pytest.mark.parametrize("start", [0, 1234, 4999, 5000, 10**9, -3])
 def test_lookup_in_release_order_follows_the_ledger_and_finds_the_rest(start):
     """A release of the same people in the ledger's order, some gone, newcomers among them, a run of 300 out of
