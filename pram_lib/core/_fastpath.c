@@ -133,10 +133,30 @@ int64_t NAME(const CODE_T *codes, int64_t n, const double *qa, const int32_t *wr
     FIRST_BAD(codes, n, s)                                                                                   \
 }
 
+/* the same with keyed hashes given (h[i] for codes[i]: memo.KeyedReplay), each read as the uniform (h >> 11) 2^-53
+ * (memo.hash_to_uniform's), 256 at a time into a buffer: no array of uniforms is made */
+#define KEEP_UNIFORM_HASHED(NAME, CODE_T)                                                                    \
+int64_t NAME(const CODE_T *codes, int64_t n, const double *qa, const int32_t *wrap2, int64_t s,             \
+             const uint64_t *h, int64_t *out) {                                                              \
+    double u[256];                                                                                           \
+    uint64_t bad = 0;                                                                                        \
+    for (int64_t lo = 0; lo < n; lo += 256) {                                                                \
+        int64_t w = n - lo < 256 ? n - lo : 256;                                                             \
+        for (int64_t j = 0; j < w; j++) u[j] = (double)(int64_t)(h[lo + j] >> 11) * (1.0 / 9007199254740992.0); \
+        bad |= keep_block_##CODE_T(codes + lo, u, w, qa, wrap2, s, out + lo);                                \
+    }                                                                                                        \
+    if (!bad) return -1;                                                                                     \
+    FIRST_BAD(codes, n, s)                                                                                   \
+}
+
 KEEP_UNIFORM(keep_uniform_i8, int8_t)
 KEEP_UNIFORM(keep_uniform_i16, int16_t)
 KEEP_UNIFORM(keep_uniform_i32, int32_t)
 KEEP_UNIFORM(keep_uniform_i64, int64_t)
+KEEP_UNIFORM_HASHED(keep_hashed_i8, int8_t)
+KEEP_UNIFORM_HASHED(keep_hashed_i16, int16_t)
+KEEP_UNIFORM_HASHED(keep_hashed_i32, int32_t)
+KEEP_UNIFORM_HASHED(keep_hashed_i64, int64_t)
 KEEP_UNIFORM_GIVEN(keep_given_i8, int8_t)
 KEEP_UNIFORM_GIVEN(keep_given_i16, int16_t)
 KEEP_UNIFORM_GIVEN(keep_given_i32, int32_t)

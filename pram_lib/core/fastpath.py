@@ -55,6 +55,10 @@ def keep_uniform_kernel():
         given.restype = i64
         given.argtypes = [p, i64, p, p, i64, p, p]
         kernels[f"given_{suffix}"] = given
+        hashed = getattr(lib, f"keep_hashed_{suffix}")
+        hashed.restype = i64
+        hashed.argtypes = [p, i64, p, p, i64, p, p]
+        kernels[f"hashed_{suffix}"] = hashed
     u64 = ctypes.c_uint64
     lib.siphash24_3w.restype = None
     lib.siphash24_3w.argtypes = [p, u64, p, i64, u64, u64, p]
@@ -136,12 +140,18 @@ def sample_keep_uniform(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, rng
 
 def sample_keep_uniform_given(codes: np.ndarray, qa: np.ndarray, wrap: np.ndarray, replay,
                               out: np.ndarray | None = None) -> np.ndarray | None:
-    """`sample_keep_uniform` with the uniforms taken from a `randomness.Replay` (one per code, in order), or None
-    (nothing taken) when the kernel is not available."""
+    """`sample_keep_uniform` with the uniforms taken from a `randomness.Replay` (one per code, in order; from a
+    memo.KeyedReplay its hashes, converted as the kernel reads them), or None (nothing taken) when the kernel is not
+    available."""
     lib = keep_uniform_kernel()
     if lib is None:
         return None
     c, kind, table, wrap2, s, result = _keep_uniform_args(codes, qa, wrap, out)
+    if hasattr(replay, "take_hashes"):   # keyed hashes (memo.KeyedReplay): read as uniforms in the kernel
+        h = np.ascontiguousarray(replay.take_hashes(c.size), dtype=np.uint64)
+        bad = lib[f"hashed_{kind}"](c.ctypes.data, c.size, table.ctypes.data, wrap2.ctypes.data, s, h.ctypes.data,
+                                    result.ctypes.data)
+        return _keep_uniform_result(bad, c, s, result, codes, out)
     u = np.ascontiguousarray(replay.take(c.size), dtype=np.float64)
     bad = lib[f"given_{kind}"](c.ctypes.data, c.size, table.ctypes.data, wrap2.ctypes.data, s, u.ctypes.data,
                                result.ctypes.data)

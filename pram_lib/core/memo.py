@@ -21,6 +21,8 @@ import hashlib
 import numpy as np
 import pandas as pd
 
+from pram_lib.core.randomness import Replay
+
 KEY_PERSON = b"pram-memo-v1"  # blake2b personalisation: the SipHash key of a secret is used for nothing else
 MIN_SECRET_BYTES = 16
 CHUNK = 1 << 14  # rows per pass of the numpy kernel: its five uint64 buffers stay in L2
@@ -255,3 +257,23 @@ def hash_to_uniform_numpy(h: np.ndarray, open_: bool = False) -> np.ndarray:
     else:
         u *= 2.0**-53
     return u
+
+
+class KeyedReplay(Replay):
+    """A `randomness.Replay` of keyed hashes: hands out their uniforms `hash_to_uniform(h)` in order, and to the C
+    kernel that reads them (fastpath.sample_keep_uniform_given) the hashes themselves, so no array of uniforms is
+    made."""
+
+    def __init__(self, h: np.ndarray):
+        self._h, self._pos = np.ascontiguousarray(h, dtype=np.uint64), 0
+
+    def take_hashes(self, n: int) -> np.ndarray:
+        """The next n hashes (a view)."""
+        if self._pos + n > self._h.size:
+            raise ValueError("more uniforms asked for than were given")
+        part = self._h[self._pos:self._pos + n]
+        self._pos += n
+        return part
+
+    def take(self, n: int) -> np.ndarray:
+        return hash_to_uniform(self.take_hashes(n))

@@ -551,7 +551,7 @@ class Categorical(Family):
             admitted = memo.admit(v.key, codes + k * sidx if n_strata > 1 else codes, codes >= 0)
             codes = codes if admitted.all() else np.where(admitted, codes, -1)
         if n_strata == 1:  # the kernel's output is the released column: no fill, no copy
-            rng = at_row(plan.seed, (i, 0, PERTURB), start) if memo is None else Replay(memo.uniforms(v.key))
+            rng = at_row(plan.seed, (i, 0, PERTURB), start) if memo is None else memo.replay(v.key)
             out = first.perturb_codes(codes, rng)
         else:  # each row draws its own uniform, whichever stratum's channel reads it
             u = uniforms(plan.seed, (i, 0, PERTURB), start, codes.size) if memo is None else memo.uniforms(v.key)

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from pram_lib.core.epsilon import UNITS_PER_EPSILON, epsilon_units
-from pram_lib.core.memo import KeyedPrf, hash_to_uniform, record_ids, tag_of
+from pram_lib.core.memo import KeyedPrf, KeyedReplay, hash_to_uniform, record_ids, tag_of
 
 PANEL_FOLDER = "panels"
 SECRET_FILE, STATE_FILE, LOCK_FILE, DELTA_FILE = "secret.key", "records.npy", "lock", "records.delta"
@@ -1006,6 +1006,10 @@ class MemoChunk:
         if part == 0:
             return hash_to_uniform(h)
         return self.memo.prf.uniforms(h, tag_of("draw", part), np.zeros(h.size, dtype=np.uint64))
+
+    def replay(self, variable: str) -> KeyedReplay:
+        """`uniforms(variable)` as a randomness.Replay that hands the C kernel the hashes themselves."""
+        return KeyedReplay(self._hash[variable])
 
     def keyed(self, variable: str) -> tuple[KeyedPrf, np.ndarray]:
         """The population's PRF and each row's pair hash for `variable`, for a sampler that draws its own keyed

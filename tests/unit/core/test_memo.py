@@ -378,3 +378,27 @@ def test_a_replay_without_the_kernel_takes_the_numpy_path_once(monkeypatch):
     replay = Replay(u)
     np.testing.assert_array_equal(perturb.sample_keep_uniform(codes, q, replay), fast)
     np.testing.assert_array_equal(replay.take(5), u[-5:])  # exactly codes.size uniforms were used
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64])
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_keyed_replay_perturbs_as_its_uniforms_do(dtype, fast, monkeypatch):
+    """KeyedReplay (the hashes handed to the C kernel, which reads them as uniforms) perturbs exactly as a Replay
+    of hash_to_uniform of the same hashes, through the keep kernel (in two takes, as strata would) and through a
+    dense matrix; with the kernel built and without it."""
+    rng = np.random.default_rng(21)
+    h = rng.integers(0, 2**64, 40_000, dtype=np.uint64, endpoint=False)
+    codes = rng.integers(-1, 7, h.size).astype(dtype)
+    keep = np.linspace(0.3, 0.9, 7)
+    if not fast:
+        monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
+    keyed, plain = memo.KeyedReplay(h), Replay(memo.hash_to_uniform(h))
+    for lo, hi in ((0, 15_000), (15_000, h.size)):
+        np.testing.assert_array_equal(perturb.sample_keep_uniform(codes[lo:hi], keep, keyed),
+                                      perturb.sample_keep_uniform(codes[lo:hi], keep, plain))
+    matrix = rng.dirichlet(np.ones(7), 7)
+    np.testing.assert_array_equal(perturb.sample_dense(codes.astype(np.int64), matrix, memo.KeyedReplay(h)),
+                                  perturb.sample_dense(codes.astype(np.int64), matrix,
+                                                       Replay(memo.hash_to_uniform(h))))
+    with pytest.raises(ValueError, match="more uniforms"):
+        keyed.take(1)
