@@ -615,7 +615,8 @@ class Noise(Family):
             z = x + per_row(plan.seed, (i, 0, PERTURB), start, x.size, lambda rng, m: a.channel.noise.rvs(m, rng))
         else:   # the noise is memoized per (record, value): an unchanged value is released identically, a changed
             # one gets a fresh draw (reusing the draw with a new value would reveal the change exactly)
-            x = np.where(memo.admit(v.key, x.view(np.int64), ~np.isnan(x)), x, np.nan)
+            admitted = memo.admit(v.key, x.view(np.int64), ~np.isnan(x))
+            x = x if admitted.all() else np.where(admitted, x, np.nan)
             z = x + sample_keyed(a.channel.theta, a.channel.eta, *memo.keyed(v.key))
         live = z[~np.isnan(z)]
         keep = plan.sample_rows(start, len(df))

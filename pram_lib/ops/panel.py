@@ -1022,7 +1022,7 @@ class MemoChunk:
         """The released pseudonym of each row: the top 53 bits of the record's keyed tag, an int64 that every format
         keeps exactly (Stata and SPSS hold numbers as doubles). The tag stays in the private store, so it adds
         nothing there an intruder could use."""
-        return (self.rtag >> np.uint64(11)).astype(np.int64)
+        return (self.rtag >> np.uint64(11)).view(np.int64)   # below 2^53: the same number, no copy
 
 
 @contextmanager
