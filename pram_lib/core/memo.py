@@ -265,15 +265,11 @@ class KeyedReplay(Replay):
     made."""
 
     def __init__(self, h: np.ndarray):
-        self._h, self._pos = np.ascontiguousarray(h, dtype=np.uint64), 0
+        self._given, self._pos = np.ascontiguousarray(h, dtype=np.uint64), 0   # hashes, not uniforms
 
     def take_hashes(self, n: int) -> np.ndarray:
         """The next n hashes (a view)."""
-        if self._pos + n > self._h.size:
-            raise ValueError("more uniforms asked for than were given")
-        part = self._h[self._pos:self._pos + n]
-        self._pos += n
-        return part
+        return self._next(n)
 
     def take(self, n: int) -> np.ndarray:
         return hash_to_uniform(self.take_hashes(n))

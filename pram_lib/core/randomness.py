@@ -47,15 +47,19 @@ class Replay:
     draws one uniform per value perturb any subset of rows (a stratum) with the rows' own uniforms."""
 
     def __init__(self, u: np.ndarray):
-        self._u, self._pos = np.asarray(u, dtype=float), 0
+        self._given, self._pos = np.asarray(u, dtype=float), 0
+
+    def _next(self, n: int) -> np.ndarray:
+        """The next n of the given values (a view)."""
+        if self._pos + n > self._given.size:
+            raise ValueError("more uniforms asked for than were given")
+        part = self._given[self._pos:self._pos + n]
+        self._pos += n
+        return part
 
     def take(self, n: int) -> np.ndarray:
         """The next n uniforms (a view of the given array), as `random(n)` would give them."""
-        if self._pos + n > self._u.size:
-            raise ValueError("more uniforms asked for than were given")
-        part = self._u[self._pos:self._pos + n]
-        self._pos += n
-        return part
+        return self._next(n)
 
     def random(self, size=None, out: np.ndarray | None = None) -> np.ndarray:
         n = out.size if out is not None else int(np.prod(size)) if size is not None else 1
