@@ -65,6 +65,17 @@ class NoiseKernelChanged(PanelError):
         self.fix = fix
 
 
+class LedgerDamaged(PanelError):
+    """The ledger's tag index sends a tag to a row that holds another: the file was damaged or written by something
+    else (its arrays' sizes and the index's order are checked when it is read)."""
+
+    def __init__(self, path: Path | None):
+        super().__init__(f"{path or 'the per-record ledger'}: its tag index does not match its records; nothing was "
+                         "released or charged")
+        self.fix = ("restore the population's ledger (records.npy and records.delta) from the private store's "
+                    "backup (releasing without it would charge every record afresh)")
+
+
 def panel_folder(store: Path, population: str) -> Path:
     return Path(store) / PANEL_FOLDER / population
 
@@ -111,6 +122,7 @@ class PanelState:
 
     _index: tuple[np.ndarray, int] | None = field(default=None, init=False, repr=False, compare=False)
     delta: "PanelDelta | None" = field(default=None, repr=False, compare=False)   # what this release changed
+    path: Path | None = field(default=None, repr=False, compare=False)          # the file it was read from
 
     def tag_index(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(the tags in increasing order, their rows; None when the rows are themselves in tag order), made once
@@ -165,7 +177,7 @@ class PanelState:
                                     len(names), rtag.ctypes.data, rtag.size, int(guess), pos.ctypes.data,
                                     loss_out.ctypes.data, outs)
         if found < 0:
-            raise PanelError("the per-record ledger's tag index does not match its records")
+            raise LedgerDamaged(self.path)
         return pos, loss_out, lasts
 
     def lookup_numpy(self, rtag: np.ndarray, variables=(),
@@ -182,7 +194,7 @@ class PanelState:
             rows = at if by_tag is None else by_tag[at]
             pos[order] = np.where(hit, rows, -1)
             if not np.array_equal(self.records[pos[order][hit]], wanted[hit]):
-                raise PanelError("the per-record ledger's tag index does not match its records")
+                raise LedgerDamaged(self.path)
         known = pos >= 0
         loss = np.zeros(rtag.size if with_loss else 0)
         if with_loss:
@@ -343,7 +355,9 @@ class PanelStore:
             if state.sorted_tags.size > 1 and not bool(np.all(state.sorted_tags[1:] > state.sorted_tags[:-1])):
                 raise ValueError("its records are not sorted")
             blocks = [b for b in read_deltas(self.folder / DELTA_FILE)[0] if b.releases > state.releases]
-            return apply_deltas(state, blocks, table) if blocks else state
+            state = apply_deltas(state, blocks, table) if blocks else state
+            state.path = path
+            return state
         except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
             raise PanelError(f"{path}: the per-record ledger cannot be read ({exc}); restore it from the private "
                              "store's backup (releasing without it would charge every record afresh)") from None

@@ -37,7 +37,7 @@ from pram_lib.families.noise import estimate_distributions
 from pram_lib.channels.gamma_law import keyed_noise_digest
 from pram_lib.core.memo import KeyedPrf
 from pram_lib.ops.audit import seal_file, sha256_file
-from pram_lib.ops.panel import Memo, NoiseKernelChanged, PanelChunk, PanelError, PanelStore
+from pram_lib.ops.panel import LedgerDamaged, Memo, NoiseKernelChanged, PanelChunk, PanelError, PanelStore
 from pram_lib.pipeline import formats, sidecar
 from pram_lib.pipeline.release import (UNREADABLE, check_columns, csv_options, needed_columns, source_read_error,
                                        spent_by_variable)
@@ -521,6 +521,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     released: dict[str, object] = {}
     try:
         memo = None if plan.memo is None else plan.memo.chunk(df, ref.start)
+    except LedgerDamaged as exc:
+        raise spec.error(("population", "key"), str(exc), spec.population.key, exc.fix) from None
     except PanelError as exc:
         raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
                          "give every person one key of whole numbers or text") from None

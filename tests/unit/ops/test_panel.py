@@ -602,8 +602,9 @@ def test_a_tag_index_that_names_the_wrong_rows_is_refused(fast, monkeypatch):
                            by_tag=np.roll(by_tag, 1))
     if not fast:
         monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
-    with pytest.raises(panel.PanelError, match="tag index"):
+    with pytest.raises(panel.LedgerDamaged, match="tag index") as err:
         bad.lookup(state.records[rng.permutation(3000)], ["a"])
+    assert "backup" in err.value.fix
 
 
 def test_seen_with_gathered_last_pairs_equals_seen_without():
