@@ -308,8 +308,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.interrupt import interrupts_end_the_run
     from pram_lib.pipeline import sidecar
 
-    with interrupts_end_the_run(), sidecar.started_ahead():   # the helper imports GX while this imports Prefect
+    # the helper imports GX while this imports Prefect; a spec that does not load fails the flow's first step (which
+    # records it), so the helper is ended at once
+    with interrupts_end_the_run(), sidecar.started_ahead() as helpers:
+        if not _loads(spec):
+            helpers.close(failed=True)
         return _run(spec, args)
+
+
+def _loads(spec: Path) -> bool:
+    """Whether the spec file loads (a cheap parse; the flow's first step loads it again and says what is wrong)."""
+    from pram_lib.spec import load_spec
+
+    try:
+        load_spec(str(spec))
+    except Exception:   # noqa: BLE001 - whatever it is, the flow's load step reports it (one located message)
+        return False
+    return True
 
 
 def _run(spec: Path, args: argparse.Namespace) -> int:

@@ -222,7 +222,9 @@ def test_cli_failures_are_one_located_message(prefect_server, tmp_path):
     """A bad spec at load, a value outside the declared categories, a raw value that does not fit a declared dtype,
     a missing spec file: one message, no traceback, exit 2. The value outside the categories is counted, never
     shown; the raw value the CSV reader quotes is on the terminal and in the audit log, not in Prefect."""
-    env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT)}
+    # PRAM_NO_SIDECAR: no helper importing GX for runs that fail before the gate (its end with a failed run is
+    # tests/unit/pipeline/test_sidecar.py's; 4-5 s of CPU a run)
+    env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT), "PRAM_NO_SIDECAR": "1"}
     bad_field = synth.write_spec(tmp_path / "a", budget="lots")
     folder, typed_folder = tmp_path / "b", tmp_path / "c"
     spec = synth.write_spec(folder)
@@ -345,7 +347,7 @@ def test_cli_run_on_bad_input_never_shows_a_traceback(prefect_server, tmp_path):
     import test_bad_input as catalogue
 
     env = {**os.environ, "PREFECT_API_URL": prefect_server["url"], "PYTHONPATH": str(ROOT),
-           "PREFECT_LOGGING_LEVEL": "INFO"}
+           "PREFECT_LOGGING_LEVEL": "INFO", "PRAM_NO_SIDECAR": "1"}   # no helper: every run fails before the gate
     for i, name in enumerate(RUN_SAMPLE):
         case = catalogue.CASES[name]
         path = catalogue.materialise(tmp_path / f"c{i}", case)

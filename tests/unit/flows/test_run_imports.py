@@ -45,3 +45,32 @@ print(sorted(m for m in ("scipy.stats", "scipy.signal") if m in sys.modules))
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("loads", [True, False])
+def test_a_spec_that_does_not_load_ends_the_helper_before_the_flow(tmp_path, monkeypatch, loads):
+    """`pram-release run` starts the helper (GX) first; a spec that does not load fails the flow's first step, so
+    the helper is ended (killed) before the flow starts, and one that loads keeps it for the release."""
+    import argparse
+    import contextlib
+
+    import synth
+    from flows import cli
+    from pram_lib.pipeline import sidecar
+
+    spec = synth.write_spec(tmp_path, **({} if loads else {"budget": "lots"}))
+    seen = []
+
+    class FakeHelpers:
+        def close(self, failed=False):
+            seen.append(("closed", failed))
+
+    @contextlib.contextmanager
+    def started_ahead():
+        yield FakeHelpers()
+
+    monkeypatch.setattr(sidecar, "started_ahead", started_ahead)
+    monkeypatch.setattr(cli, "_run", lambda spec, args: seen.append("flow") or 0)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert cli.cmd_run(argparse.Namespace(spec=str(spec), plan=None)) == 0
+    assert seen == (["flow"] if loads else [("closed", True), "flow"])
