@@ -710,6 +710,26 @@ def _index_in(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.searchsorted(keys, wanted)
 
 
+def _paid(paid: np.ndarray) -> tuple[int, float]:
+    """(how many rows paid, the largest charge in pico-ε) of the charges `paid`."""
+    return int(paid.size), float(paid.max()) if paid.size else 0.0
+
+
+def _in_order(parts: list[Sparse], rows: int) -> bool:
+    """Whether `parts` cover release rows 0 .. rows - 1, each part every row of its chunk, in order."""
+    end = 0
+    for r, x in parts:
+        if not isinstance(r, (int, np.integer)) or r != end:
+            return False
+        end += x.size
+    return end == rows
+
+
+def _values(parts: list[Sparse], dtype) -> np.ndarray:
+    """The parts' values joined (their rows left aside)."""
+    return np.concatenate([x for _, x in parts]) if parts else np.empty(0, dtype=dtype)
+
+
 def _joined(parts: list[Sparse], dtype) -> Sparse:
     if not parts:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
@@ -796,8 +816,12 @@ class Memo:
         release's ledger is the release's rows in order: its ε and pairs written by release row (slices, no row
         numbers), and its tag index one sort (`sort_tags`)."""
         old = self.state
-        pos = np.concatenate(chunks.pos)
-        fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
+        first = not old.records.size and _in_order(chunks.fresh, sum(p.size for p in chunks.pos))
+        if first:   # every row a newcomer, the parts in release order: no row numbers, no positions
+            fresh_tags = _values(chunks.fresh, np.uint64)
+        else:
+            pos = np.concatenate(chunks.pos)
+            fresh_rows, fresh_tags = _joined(chunks.fresh, np.uint64)
         twice = 0
         if old.records.size:   # chunk by chunk, no boolean subscript: row 0 of `hit` takes every newcomer (-1)
             hit, known = np.zeros(old.records.size + 1, dtype=bool), 0
@@ -817,18 +841,18 @@ class Memo:
                                      "released or charged",
                                      "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on "
                                      "none")
+        if first:
+            state, summary = self._first_settled(chunks, fresh_tags, newcomers, order)
+            state._index = index
+            return Settlement.of(state), summary
         paid_rows, paid = _joined(chunks.charge, np.float64)
         names, before_table = last_pair_table(old) if old.records.size else ([], None)
         if old.records.size and names == self.charged:
             delta = self._delta(chunks, pos, fresh_rows, fresh_tags, paid_rows, paid, before_table)
             largest = max(largest_units(old), int(delta.loss.max()) if delta.loss.size else 0)
             settlement = Settlement(old, old.releases + 1, dict(self.fingerprints), delta, largest)
-            return settlement, self._summary(settlement.releases, chunks, pos.size, fresh_rows.size, paid)
+            return settlement, self._summary(settlement.releases, chunks, pos.size, fresh_rows.size, _paid(paid))
         m, n = old.records.size, old.records.size + fresh_tags.size
-        if not m:   # a first release: ledger row i is release row i
-            state, summary = self._first_settled(chunks, fresh_tags, newcomers, order, paid_rows, paid)
-            state._index = index
-            return Settlement.of(state), summary
         pos[fresh_rows] = m + np.arange(fresh_rows.size)
         records = np.concatenate([old.records, fresh_tags])
         ordered, by_tag = merged_index(*old.tag_index(), m, fresh_tags, order)
@@ -854,7 +878,7 @@ class Memo:
             history[v] = added if before is None else \
                 np.insert(before, np.searchsorted(before, added), added) if added.size else before
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1, ordered, by_tag)
-        return Settlement.of(state), self._summary(state.releases, chunks, pos.size, fresh_rows.size, paid)
+        return Settlement.of(state), self._summary(state.releases, chunks, pos.size, fresh_rows.size, _paid(paid))
 
     def _delta(self, chunks: PanelChunk, pos: np.ndarray, fresh_rows: np.ndarray, fresh_tags: np.ndarray,
                paid_rows: np.ndarray, paid: np.ndarray, table: np.ndarray) -> PanelDelta:
@@ -889,13 +913,18 @@ class Memo:
         order = np.argsort(tags)
         return PanelDelta(fresh_tags, tags[order], loss[order], lasts[order], added)
 
-    def _first_settled(self, chunks: PanelChunk, records: np.ndarray, ordered: np.ndarray, by_tag: np.ndarray,
-                       paid_rows: np.ndarray, paid: np.ndarray) -> tuple[PanelState, dict]:
+    def _first_settled(self, chunks: PanelChunk, records: np.ndarray, ordered: np.ndarray,
+                       by_tag: np.ndarray) -> tuple[PanelState, dict]:
         """`settled` for a first release: every row is a newcomer, and ledger row i is release row i (`ordered`,
-        `by_tag`: its tags in increasing order and their rows)."""
+        `by_tag`: its tags in increasing order and their rows). The chunks' ε and pairs are written by slice where
+        a part covers every row of its chunk (a first release of 10^7 people makes no array of row numbers)."""
         n = records.size
         loss = np.zeros(n)
-        loss[paid_rows] = paid
+        for rows, paid in chunks.charge:
+            if isinstance(rows, (int, np.integer)):
+                loss[rows:rows + paid.size] = paid
+            else:
+                loss[rows] = paid
         table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
         for j, v in enumerate(self.charged):
             for rows, pair in chunks.pairs[v]:
@@ -906,14 +935,17 @@ class Memo:
         state = PanelState(records, loss, {v: table[:, j] for j, v in enumerate(self.charged)},
                            {v: self.state.history.get(v, np.empty(0, dtype=np.uint64)) for v in self.charged},
                            dict(self.fingerprints), self.state.releases + 1, ordered, by_tag)
-        return state, self._summary(state.releases, chunks, n, n, paid)
+        parts = [x for _, x in chunks.charge if x.size]
+        return state, self._summary(state.releases, chunks, n, n,
+                                    (sum(x.size for x in parts), max((float(x.max()) for x in parts), default=0.0)))
 
-    def _summary(self, releases: int, chunks: PanelChunk, rows: int, new: int, paid: np.ndarray) -> dict:
-        """What `settlement` says of the release: counts and ε, never a value."""
+    def _summary(self, releases: int, chunks: PanelChunk, rows: int, new: int, paid: tuple[int, float]) -> dict:
+        """What `settlement` says of the release: counts and ε, never a value (`paid`: how many rows paid, and the
+        largest charge in pico-ε)."""
         old = self.state
+        count, largest = paid
         return {"release": releases, "records": rows, "new_records": new,
-                "paid_nothing": rows - paid.size, "paid": int(paid.size),
-                "largest_charge": float(paid.max()) / PICO if paid.size else 0.0,
+                "paid_nothing": rows - count, "paid": int(count), "largest_charge": largest / PICO,
                 "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if rows else 0.0, "cap": self.cap,
                 "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                 "channel_changed": sorted(v for v, fp in self.fingerprints.items()

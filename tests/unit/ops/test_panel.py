@@ -1009,3 +1009,47 @@ def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case
     assert np.array_equal(got[0], ok) and got[1].tolist() == moved and got[2:] == (changed, blocked)
     assert np.array_equal(c_chunk.charge, charge) and np.array_equal(c_chunk.loss, loss + charge)
     assert 0 < blocked < n and (changed > 0) == bool(state.records.size)   # the cases the rule tells apart occur
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_first_release_ledger_holds_each_rows_charge_and_pairs(shuffled):
+    """A first release's ledger, made from its chunks' parts: each release row's record has the ε it paid (0 when
+    it paid nothing: a sparse part) and its last pairs (0: none), and the tag index finds every record. With the
+    parts in release order the ledger rows are the release rows (no row numbers made); with the parts out of
+    order (chunks merged in another order) the ledger is made the general way and holds the same by record."""
+    rng = np.random.default_rng(11)
+    n, size = 2500, 1000
+    tags = rng.integers(1, 2**64, n, dtype=np.uint64)
+    pairs = {v: rng.integers(1, 2**64, n, dtype=np.uint64) for v in ("a", "b")}
+    paid = np.where(rng.random(n) < 0.8, 5e11, 0.0)               # pico-ε; a fifth of the rows pay nothing
+    has_b = rng.random(n) < 0.9                                     # b: some rows release no pair
+    starts = list(range(0, n, size))
+    parts = []
+    for s in starts:
+        e = min(s + size, n)
+        payers = np.flatnonzero(paid[s:e] > 0)
+        b_rows = np.flatnonzero(has_b[s:e])
+        parts.append(panel.PanelChunk([np.full(e - s, -1, dtype=np.int64)], [(s, tags[s:e])],
+                                      [(s + payers, paid[s:e][payers])],
+                                      {"a": [(s, pairs["a"][s:e])], "b": [(s + b_rows, pairs["b"][s:e][b_rows])]},
+                                      {"a": 0, "b": 0}, {"a": 0, "b": 0}))
+    if shuffled:
+        parts = [parts[i] for i in (2, 0, 1)]
+    chunks = parts[0] + parts[1] + parts[2]
+    memo = panel.Memo(KeyedPrf(bytes(16)), panel.PanelState(), "k", 100.0, 0.0, {"a": 0.5, "b": 0.25},
+                      {"a": "", "b": ""})
+    state, summary = memo.settled(chunks)
+    if not shuffled:
+        assert np.array_equal(state.records, tags)                 # ledger row i is release row i
+    row = {int(t): i for i, t in enumerate(state.records)}
+    at = np.array([row[int(t)] for t in tags])
+    assert sorted(at) == list(range(n))
+    assert np.array_equal(state.loss[at], paid)
+    assert np.array_equal(state.last["a"][at], pairs["a"])
+    assert np.array_equal(state.last["b"][at], np.where(has_b, pairs["b"], 0))
+    ordered, by_tag = state.tag_index()
+    assert np.array_equal(ordered, np.sort(tags))
+    assert np.array_equal(state.records[by_tag] if by_tag is not None else ordered, ordered)
+    assert summary["paid"] == int((paid > 0).sum()) and summary["paid_nothing"] == n - int((paid > 0).sum())
+    assert summary["largest_charge"] == pytest.approx(5e11 / panel.PICO)
+    assert summary["records"] == summary["new_records"] == n
