@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -486,22 +487,34 @@ def noise_consistency_test(source: np.ndarray, released: np.ndarray, channel, le
             "message": f"{description}, p = {p_value:.3g}"}
 
 
+# Above this many differences the one-sided p is Massart's bound, not scipy.special.smirnov's exact sum, which
+# adds n terms: 0.3 s for the 200,000-row sample of a large release, where the bound is within 0.5 % of it.
+EXACT_KS_ROWS = 20_000
+
+
 def ks_two_sided(ordered: np.ndarray, cdf) -> tuple[float, float]:
     """(D, p) of the one-sample two-sided Kolmogorov–Smirnov test of the sorted sample `ordered` against `cdf`.
-    p is scipy.stats.ks_1samp's method="approx": twice the exact one-sided p (scipy.special.smirnov, the
-    routine behind scipy.stats.ksone.sf), capped at 1. It is at least the exact two-sided p (a union bound over
-    D+ and D-), so the test keeps its level; the two differ by the chance that D+ and D- both reach D, negligible
-    at small p (asymptotically 2 (p/2)^4). scipy.stats itself is not imported: importing it costs the release's
+    p is twice the one-sided p, capped at 1 (a union bound over D+ and D-: at least the exact two-sided p, so the
+    test keeps its level; the two differ by the chance that D+ and D- both reach D, negligible at small p). The
+    one-sided p is exact (scipy.special.smirnov, the routine behind scipy.stats.ksone.sf; so p is
+    scipy.stats.ks_1samp's method="approx") up to EXACT_KS_ROWS differences, and above that Massart's bound
+    P(D+ >= d) <= exp(-2 n d^2) (the tight constant of the Dvoretzky–Kiefer–Wolfowitz inequality, Massart 1990,
+    Ann. Probab. 18: it holds wherever exp(-2 n d^2) <= 1/2, and elsewhere p is 1 either way), never below the
+    exact p and, above 20,000 differences, within 1.6 % of it wherever it is above 1e-8. scipy.stats itself is not imported: importing it costs the release's
     own process 0.4-0.6 s."""
-    from scipy.special import smirnov
-
     n = ordered.size
     if n == 0:
         return float("nan"), 1.0
     f = np.asarray(cdf(ordered), dtype=float)
     steps = np.arange(1, n + 1) / n
     statistic = float(max(np.max(steps - f), np.max(f - (steps - 1 / n))))
-    return statistic, float(min(1.0, 2 * smirnov(n, statistic)))
+    if n > EXACT_KS_ROWS:
+        one_sided = math.exp(-2.0 * n * statistic * statistic)
+    else:
+        from scipy.special import smirnov
+
+        one_sided = float(smirnov(n, statistic))
+    return statistic, float(min(1.0, 2 * one_sided))
 
 
 def holm(results: list[dict], level: float) -> list[dict]:
