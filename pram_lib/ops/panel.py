@@ -730,14 +730,23 @@ def _values(parts: list[Sparse], dtype) -> np.ndarray:
     return np.concatenate([x for _, x in parts]) if parts else np.empty(0, dtype=dtype)
 
 
+def _scatter(target: np.ndarray, parts: list[Sparse]) -> None:
+    """Write the parts' values at their release rows of `target` (a slice for a part that covers its chunk)."""
+    for rows, values in parts:
+        if isinstance(rows, (int, np.integer)):
+            target[rows:rows + values.size] = values
+        else:
+            target[rows] = values
+
+
 def _joined(parts: list[Sparse], dtype) -> Sparse:
     if not parts:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
     ends = [r + x.size if isinstance(r, (int, np.integer)) else None for r, x in parts]
     if all(e is not None for e in ends) and all(parts[i + 1][0] == ends[i] for i in range(len(parts) - 1)):
-        return np.arange(parts[0][0], ends[-1]), np.concatenate([x for _, x in parts])   # every row of a run
+        return np.arange(parts[0][0], ends[-1]), _values(parts, dtype)   # every row of a run
     return (np.concatenate([np.arange(r, r + x.size) if isinstance(r, (int, np.integer)) else r for r, x in parts]),
-            np.concatenate([x for _, x in parts]))
+            _values(parts, dtype))
 
 
 @dataclass
@@ -920,18 +929,10 @@ class Memo:
         a part covers every row of its chunk (a first release of 10^7 people makes no array of row numbers)."""
         n = records.size
         loss = np.zeros(n)
-        for rows, paid in chunks.charge:
-            if isinstance(rows, (int, np.integer)):
-                loss[rows:rows + paid.size] = paid
-            else:
-                loss[rows] = paid
+        _scatter(loss, chunks.charge)
         table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
         for j, v in enumerate(self.charged):
-            for rows, pair in chunks.pairs[v]:
-                if isinstance(rows, (int, np.integer)):
-                    table[rows:rows + pair.size, j] = pair
-                else:
-                    table[rows, j] = pair
+            _scatter(table[:, j], chunks.pairs[v])
         state = PanelState(records, loss, {v: table[:, j] for j, v in enumerate(self.charged)},
                            {v: self.state.history.get(v, np.empty(0, dtype=np.uint64)) for v in self.charged},
                            dict(self.fingerprints), self.state.releases + 1, ordered, by_tag)
