@@ -1,7 +1,9 @@
 """Shared fixtures of tests/unit, tests/contract and tests/system: a hermetic Prefect home, a fresh
 population registry per module and test, and the session's Prefect server."""
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +22,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # Machine-wide pram-release state (the population registry): never the developer's ~/.pram-release.
 os.environ["PRAM_RELEASE_HOME"] = tempfile.mkdtemp(prefix="pram-release-home-")
+for _scratch in (_HOME, os.environ["PRAM_RELEASE_HOME"]):   # this process's own: gone when it exits
+    atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tests live in unit/, contract/ and system/; their shared helpers (synth.py, fault_runner.py) live here.
@@ -120,3 +124,6 @@ def prefect_server():
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+        shutil.rmtree(home, ignore_errors=True)
