@@ -22,6 +22,11 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # Machine-wide pram-release state (the population registry): never the developer's ~/.pram-release.
 os.environ["PRAM_RELEASE_HOME"] = tempfile.mkdtemp(prefix="pram-release-home-")
+# A release's helper process (pram_lib.pipeline.sidecar) is a fresh interpreter importing GX and matplotlib: about
+# 5 s of CPU for each of the suite's ~90 in-process releases, where this process has them imported already. Releases
+# run their side work here (PRAM_NO_SIDECAR=1), except in modules and tests marked `helpers` (the production path:
+# the helper's own tests, the end-to-end flow, leakage, cancellation, deployment and demo tests).
+os.environ["PRAM_NO_SIDECAR"] = "1"
 for _scratch in (_HOME, os.environ["PRAM_RELEASE_HOME"]):   # this process's own: gone when it exits
     atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
 
@@ -55,6 +60,22 @@ def pytest_collection_modifyitems(config, items):
 
 # under CI a missing dependency fails the run instead of skipping tests (tests/ci_strict.py)
 from ci_strict import pytest_make_collect_report, pytest_runtest_makereport, pytest_sessionstart  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_helpers(request):
+    """A module marked `helpers` (pytestmark) runs its releases, module fixtures' included, with helper processes."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.node.get_closest_marker("helpers"):
+            patch.delenv("PRAM_NO_SIDECAR", raising=False)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_helpers(request, monkeypatch):
+    """A test marked `helpers` runs its releases with helper processes."""
+    if request.node.get_closest_marker("helpers"):
+        monkeypatch.delenv("PRAM_NO_SIDECAR", raising=False)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -12,7 +12,7 @@ import pytest
 import synth
 from pram_lib.ops.ledger import Ledger
 
-pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.helpers]
 
 
 def test_cancel_from_the_ui_stops_a_command_line_run_before_it_publishes(prefect_server, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = [sys.executable, "-m", "prefect"]
-pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.helpers]
 
 
 def checkout_copy(dst: Path) -> Path:

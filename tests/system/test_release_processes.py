@@ -24,7 +24,7 @@ from pram_lib.pipeline import sidecar
 from pram_lib.pipeline.publish import draw_plots
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.helpers]   # real helper processes: the subject
 
 
 def kill_the_helper(*args, **kwargs):

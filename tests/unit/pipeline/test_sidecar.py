@@ -17,7 +17,7 @@ import pytest
 from pram_lib.pipeline import sidecar
 
 ROOT = Path(__file__).resolve().parents[3]
-pytestmark = pytest.mark.slow   # each pool spawns an interpreter that imports GX and matplotlib
+pytestmark = [pytest.mark.slow, pytest.mark.helpers]   # each pool spawns an interpreter that imports GX and matplotlib
 
 
 def _prefect_loaded() -> bool:
