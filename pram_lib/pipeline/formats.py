@@ -126,9 +126,19 @@ def codes_of(s: pd.Series, categories: tuple[str, ...], name: str = "") -> pd.ar
     return pd.arrays.IntegerArray((codes + 1).astype(dtype), missing)
 
 
+STATA_LONG_MIN, STATA_LONG_MAX = -2_147_483_647, 2_147_483_620   # Stata's 4-byte long (its larger values are missing codes)
+
+
 def write_dta(table: PackageTable, path: Path) -> None:
-    """Stata 14+ (format 118: UTF-8, long value labels), with value and variable labels."""
-    table.frame.to_stata(path, write_index=False, version=118, value_labels=table.value_labels or None,
+    """Stata 14+ (format 118: UTF-8, long value labels), with value and variable labels. Whole numbers past Stata's
+    long are written as doubles, exact up to 2^53 (larger ones were refused with the spec): converted here, as
+    pandas would, without its PossiblePrecisionLoss warning, which it gives from 2^53 itself on."""
+    frame = table.frame
+    wide = [c for c in frame.columns if frame[c].dtype == np.int64
+            and (frame[c].max() > STATA_LONG_MAX or frame[c].min() < STATA_LONG_MIN)]
+    if wide:
+        frame = frame.astype({c: np.float64 for c in wide})
+    frame.to_stata(path, write_index=False, version=118, value_labels=table.value_labels or None,
                          variable_labels=table.variable_labels, time_stamp=FIXED_TIME)
 
 

@@ -56,6 +56,7 @@ def test_integers_above_two_to_the_53_are_kept_in_parquet_and_csv(tmp_path):
     assert pd.read_csv(folder / "data.csv")["id"].tolist() == ABOVE.tolist()
 
 
+@pytest.mark.filterwarnings("error::pandas.errors.PossiblePrecisionLoss")   # exact: no warning of a loss
 @pytest.mark.parametrize("ids", [JUST_BELOW, BEYOND_LONG, -JUST_BELOW], ids=["2^53", "2^31", "-2^53"])
 def test_integers_a_double_holds_are_written_exactly(tmp_path, ids):
     source_with_ids(tmp_path, ids)
