@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results_io import measured_note, write_section
+from benchmarks.results_io import compile_project, measured_note, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".bench-data"
@@ -192,6 +192,7 @@ MODES = (("cold", "own process"),)
 
 
 def main() -> None:
+    compile_project()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=RUNS, help="counted runs per case (after one warm-up)")
     args = ap.parse_args()

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.bench_release import DATA, RESULTS, ROOT, run_release
 from benchmarks.census import write_census, write_spec
+from benchmarks.results_io import compile_project
 
 PORT = 4293
 FLOOR = 1.3
@@ -54,6 +55,7 @@ def panel_census(rows: int) -> Path:
 
 
 def main() -> None:
+    compile_project()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=float, default=1e7)
     n = int(ap.parse_args().rows)

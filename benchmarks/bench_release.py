@@ -237,6 +237,7 @@ def plain_baseline(spec: Path, pinned: bool) -> float:
 
 
 def main() -> None:
+    compile_project()
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1e6,1e7,1e8")
     ap.add_argument("--keep", action="store_true", help="keep the release folders")
