@@ -267,7 +267,9 @@ def main() -> None:
         print(line, flush=True)
     notes = [
         "Start: `own process` = every `pram-release run` imports Prefect, pandas, GX (in its spawned helper) and "
-        "the rest itself; there is no daemon (issue 27). The machine was shared with other developers' work "
+        "the rest itself; there is no daemon (issue 27). The project's bytecode was compiled before the runs, as "
+        "Python writes it on a user's first run (until 2026-12-02 07:00 each run compiled pram_lib, flows and tasks "
+        "again: these machines set PYTHONDONTWRITEBYTECODE). The machine was shared with other developers' work "
         "during the measurement (see the load average below).",
         "Flow: from the flow's start to the published folder (what `pram-release run` prints as flow time). "
         "Flow is printed by the CLI to 0.1 s. Wall: the whole `pram-release run` process, Python and Prefect imports "
