@@ -75,10 +75,9 @@ def _release(run: ReleaseRun, spec) -> Path:
         source_sha, refs = open_source_task(spec)
         if run.engine == "dask":
             with dask_runner(spec) as runner:
-                profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner, run.plan,
-                                                                   source_sha)
+                profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, runner, run, source_sha)
         else:
-            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None, run.plan, source_sha)
+            profile, assignments, plan, totals = _chunk_passes(spec, seed, stage, refs, None, run, source_sha)
         source_unchanged_task(spec, source_sha)
         run.assignments = assignments
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
@@ -96,8 +95,8 @@ def _release(run: ReleaseRun, spec) -> Path:
     return folder
 
 
-def _chunk_passes(spec, seed: Seed, stage, refs, runner, saved_plan: str | None = None, source_sha: str | None = None):
-    """Pass 1 (profile), channel choice (checked against a saved plan), pass 2 (perturb, write parts). With a Dask
+def _chunk_passes(spec, seed: Seed, stage, refs, runner, run: ReleaseRun, source_sha: str | None = None):
+    """Pass 1 (profile), channel choice (checked against the run's saved plan), pass 2 (perturb, write parts). With a Dask
     `runner`, runs of chunks are tasks on its workers; a row's randomness is addressed by its row, so the result
     is the same."""
     if runner is not None:
@@ -108,8 +107,9 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner, saved_plan: str | None 
     else:
         sketch = profile_pass_task(spec, seed, refs)
     profile = finish_profile_task(spec, sketch)
-    assignments = choose_channels_task(spec, profile, seed, saved_plan, source_sha)
-    plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), spec.engine.mode)
+    assignments = choose_channels_task(spec, profile, seed, run.plan, source_sha)
+    plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), spec.engine.mode,
+                            run_id=run.run_id)
     if runner is not None:
         totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: dict(plan=plan, chunks=chunks), refs,
                           profile.n_rows, lambda a, b: stream.merge_results([a, b]), runner)

@@ -174,11 +174,12 @@ class Ledger:
         with self._tx() as con:
             return _history(con, population)
 
-    def spent_units(self, population: str) -> int:
-        return sum(s.units for s in self.history(population) if s.status in COUNTED)
+    def spent_units(self, population: str, besides: str | None = None) -> int:
+        """What counts against the population's cap, in pico-ε; `besides`: without that run's own reservation."""
+        return sum(s.units for s in self.history(population) if s.status in COUNTED and s.run_id != besides)
 
-    def spent(self, population: str) -> float:
-        return units_epsilon(self.spent_units(population))
+    def spent(self, population: str, besides: str | None = None) -> float:
+        return units_epsilon(self.spent_units(population, besides))
 
     def fits(self, population: str, cap: float, epsilon: float) -> bool:
         """Whether `reserve` would accept `epsilon` now (its rule: `passes_cap`)."""

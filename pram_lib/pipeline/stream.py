@@ -446,9 +446,11 @@ class Plan:
 
 
 def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
-              out_dir: Path | None, engine: str = "stream", sample_all: bool = False, charge: bool = True) -> Plan:
+              out_dir: Path | None, engine: str = "stream", sample_all: bool = False, charge: bool = True,
+              run_id: str | None = None) -> Plan:
     """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory). Without
-    `charge`, a longitudinal population's secret is not made (a prediction: `check`)."""
+    `charge`, a longitudinal population's secret is not made (a prediction: `check`). `run_id`: the run whose
+    reservation in the population's ledger is this release's own (not ε spent before it)."""
     packages = set(spec.formats) & set(formats.WRITERS)
     return Plan(spec, seed, tuple(assignments), profile.n_rows,
                 {v.key: family_of(v).plan(v, profile) for v in spec.variables},
@@ -456,7 +458,7 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
                 None if out_dir is None else str(out_dir),
                 1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine,
                 formats.release_labels(spec, profile, assignments) if packages else None,
-                panel_memo(spec, assignments, charge) if spec.longitudinal else None)
+                panel_memo(spec, assignments, charge, run_id) if spec.longitudinal else None)
 
 
 def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, str]:
@@ -478,9 +480,13 @@ def predicted_charge(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
     return plan.memo.settlement(totals.panel)[1]
 
 
-def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = True) -> Memo:
+def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = True,
+               run_id: str | None = None) -> Memo:
     """A longitudinal release's memo: the population's secret and per-record ledger, each variable's ε per distinct
-    value and channel fingerprint. The ε the population spent without per-record accounting counts for everyone."""
+    value and channel fingerprint. The ε the population spent without per-record accounting counts for everyone;
+    the run `run_id`'s own reservation does not (it holds the charge of a refusal by the gate, which publishes
+    nothing, and is settled to 0 when the release is published: counted, every record would be reported and
+    capped as if it had paid it, and `check` would predict less than the run reports)."""
     from pram_lib.ops.ledger import ledger_for
 
     pop = spec.population
@@ -491,7 +497,7 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
     except PanelError as exc:
         raise spec.error(("population", "key"), str(exc), pop.key) from None
     return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
-                ledger_for(spec).spent(pop.key), {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
+                ledger_for(spec).spent(pop.key, besides=run_id), {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
                 channel_fingerprints(spec, assignments), keyed_noise_digest, store.noise_digest())
 
 

@@ -59,6 +59,26 @@ def test_unchanged_values_are_released_identically_and_only_changes_pay(two_mont
     assert f"{int(changed_any.sum()) + joined:,} paid" in report
 
 
+def test_the_reported_largest_cumulative_epsilon_is_the_ledgers(two_months):
+    """Month 1: every record pays each variable once, so the largest cumulative ε is the spec's sum of levels
+    (ln 3 + 1.5 + 1 + 1 + 1 + ln 4). Month 2: the report says what the per-record ledger holds. The run's own
+    reservation in the population's ledger (the gate-refusal charge ln(1/(1 - β))) is no ε spent before the
+    release: it used to be added to every record (6.986 reported against 6.985 charged)."""
+    import math
+
+    from pram_lib.spec import load_spec, static_budget
+
+    spec = load_spec(two_months["tmp"] / "monthly.yaml")
+    levels = math.log(3) + 1.5 + 1 + 1 + 1 + math.log(4)
+    assert static_budget(spec) == pytest.approx(levels, abs=1e-12)
+    first, second = ((f / "report.md").read_text() for f in two_months["folders"])
+    assert f"the largest cumulative ε of a record is {levels:.4g} of the cap" in first
+    state = panel.PanelStore(two_months["tmp"] / "private", spec.population.key).load()
+    largest = float(state.loss.max()) / panel.PICO
+    assert levels < largest <= 2 * levels
+    assert f"the largest cumulative ε of a record is {largest:.4g} of the cap" in second
+
+
 def test_the_change_estimate_pairs_the_months_and_is_narrower(two_months):
     first, second = two_months["months"]
     a, b = (open_release(f) for f in two_months["folders"])
