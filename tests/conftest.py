@@ -25,7 +25,8 @@ os.environ["PRAM_RELEASE_HOME"] = tempfile.mkdtemp(prefix="pram-release-home-")
 # A release's helper process (pram_lib.pipeline.sidecar) is a fresh interpreter importing GX and matplotlib: about
 # 5 s of CPU for each of the suite's ~90 in-process releases, where this process has them imported already. Releases
 # run their side work here (PRAM_NO_SIDECAR=1), except in modules and tests marked `helpers` (the production path:
-# the helper's own tests, the end-to-end flow, leakage, cancellation, deployment and demo tests).
+# the helper's own tests, the end-to-end flow, leakage, cancellation, deployment and demo tests; test_trust_prefect's
+# `runs` fixture sets it itself).
 os.environ["PRAM_NO_SIDECAR"] = "1"
 for _scratch in (_HOME, os.environ["PRAM_RELEASE_HOME"]):   # this process's own: gone when it exits
     atexit.register(shutil.rmtree, _scratch, ignore_errors=True)

@@ -40,17 +40,20 @@ def _release_folder(tmp: Path, name: str, engine: dict, **kw) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(prefect_server, tmp_path_factory):
-    """One release per engine: seeds from the caller, the spec's `seed:` and OS entropy."""
+    """One release per engine: seeds from the caller, the spec's `seed:` and OS entropy. With their helper
+    processes, as in production (the suite's other releases run their side work in-process)."""
     from flows.release import run_release
 
     tmp = tmp_path_factory.mktemp("trust")
     out = {}
-    spec = _release_folder(tmp, "memory", {"mode": "memory"})
-    out["memory"] = (Path(run_release(str(spec), seed=SEED_CALLER)), SEED_CALLER)
-    spec = _release_folder(tmp, "stream", {"mode": "stream", "chunk_rows": 1000}, seed=SEED_SPEC)
-    out["stream"] = (Path(run_release(str(spec))), SEED_SPEC)
-    spec = _release_folder(tmp, "dask", {"mode": "dask", "chunk_rows": 1000, "workers": 2})
-    folder = Path(run_release(str(spec)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PRAM_NO_SIDECAR", raising=False)
+        spec = _release_folder(tmp, "memory", {"mode": "memory"})
+        out["memory"] = (Path(run_release(str(spec), seed=SEED_CALLER)), SEED_CALLER)
+        spec = _release_folder(tmp, "stream", {"mode": "stream", "chunk_rows": 1000}, seed=SEED_SPEC)
+        out["stream"] = (Path(run_release(str(spec))), SEED_SPEC)
+        spec = _release_folder(tmp, "dask", {"mode": "dask", "chunk_rows": 1000, "workers": 2})
+        folder = Path(run_release(str(spec)))
     (seed_file,) = (spec.parent / "private" / "seeds").glob("*.json")
     out["dask"] = (folder, int(json.loads(seed_file.read_text())["seed"]))
     return out
