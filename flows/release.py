@@ -96,9 +96,9 @@ def _release(run: ReleaseRun, spec) -> Path:
 
 
 def _chunk_passes(spec, seed: Seed, stage, refs, runner, run: ReleaseRun, source_sha: str | None = None):
-    """Pass 1 (profile), channel choice (checked against the run's saved plan), pass 2 (perturb, write parts). With a Dask
-    `runner`, runs of chunks are tasks on its workers; a row's randomness is addressed by its row, so the result
-    is the same."""
+    """Pass 1 (profile), channel choice (checked against the run's saved plan), pass 2 (perturb, write parts).
+    With a Dask `runner`, runs of chunks are tasks on its workers; a row's randomness is addressed by its row, so
+    the result is the same."""
     if runner is not None:
         rows = sum(r.rows for r in refs) if refs else None
         sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: dict(spec=spec, chunks=chunks,

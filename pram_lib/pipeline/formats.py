@@ -126,7 +126,7 @@ def codes_of(s: pd.Series, categories: tuple[str, ...], name: str = "") -> pd.ar
     return pd.arrays.IntegerArray((codes + 1).astype(dtype), missing)
 
 
-STATA_LONG_MIN, STATA_LONG_MAX = -2_147_483_647, 2_147_483_620   # Stata's 4-byte long (its larger values are missing codes)
+STATA_LONG_MIN, STATA_LONG_MAX = -2_147_483_647, 2_147_483_620   # Stata's long (beyond: its missing-value codes)
 
 
 def write_dta(table: PackageTable, path: Path) -> None:
@@ -139,7 +139,7 @@ def write_dta(table: PackageTable, path: Path) -> None:
     if wide:
         frame = frame.astype({c: np.float64 for c in wide})
     frame.to_stata(path, write_index=False, version=118, value_labels=table.value_labels or None,
-                         variable_labels=table.variable_labels, time_stamp=FIXED_TIME)
+                   variable_labels=table.variable_labels, time_stamp=FIXED_TIME)
 
 
 def write_sav(table: PackageTable, path: Path) -> None:

@@ -497,7 +497,8 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
     except PanelError as exc:
         raise spec.error(("population", "key"), str(exc), pop.key) from None
     return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
-                ledger_for(spec).spent(pop.key, besides=run_id), {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
+                ledger_for(spec).spent(pop.key, besides=run_id),
+                {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
                 channel_fingerprints(spec, assignments), keyed_noise_digest, store.noise_digest())
 
 

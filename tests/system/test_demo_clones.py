@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.helpers]   # a system test: whole releases end to end (`make test-fast` leaves it out)
+pytestmark = [pytest.mark.slow, pytest.mark.helpers]   # whole releases end to end, helper included
 
 ROOT = Path(__file__).resolve().parents[2]
 

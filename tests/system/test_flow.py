@@ -17,7 +17,7 @@ from pram_lib.ops.audit import verify_chain, verify_manifest
 from pram_lib.core.channel import Channel
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.helpers]   # the flow as production runs it, helper included
+pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.helpers]   # as production runs it
 
 
 DEMO_SEED = 0x5EED_2026_1122_0001_DEC0_DE00_C0FF_EE00

@@ -17,7 +17,7 @@ import synth
 from pram_lib.pipeline import release, stream
 from pram_lib.spec import SpecError, load_spec, static_budget
 
-pytestmark = [pytest.mark.slow, pytest.mark.helpers]   # system test (`make test-fast` leaves it out); helper as in production
+pytestmark = [pytest.mark.slow, pytest.mark.helpers]   # whole releases, helper included as in production
 
 IDENTITY = {"column": "colour", "channel": "pram-custom", "categories": ["red", "green", "blue"],
             "matrix": np.eye(3).tolist()}
