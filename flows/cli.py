@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -680,6 +681,18 @@ def main(argv: list[str] | None = None) -> int:
     _analyze_parser(sub)
     args = ap.parse_args(argv)
     return args.func(args)
+
+
+def console() -> None:
+    """The `pram-release` command (pyproject's entry point): `main`, then the interpreter's usual exit, with the
+    objects made so far frozen out of the garbage collector (the standard library's gc.freeze). At exit the
+    collector otherwise walks every object the run left (Prefect, pandas, scipy, the release's tables): 0.5-0.6 s
+    of a 6 s demo run, for memory the process gives back anyway. Reference counting still frees them, files close
+    and atexit handlers run (Prefect drains its logs and events) as usual. Not in `main`: in-process callers
+    (tests, notebooks) keep their collector."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def _release_parsers(sub) -> None:

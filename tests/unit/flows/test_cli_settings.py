@@ -68,3 +68,33 @@ def test_scheduled_runs_get_the_forced_settings_through_the_work_pool():
         assert d["work_pool"]["job_variables"]["env"] == {**PREFECT_ENV_FORCED,
                                                           "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}, \
             d["name"]
+
+
+CONSOLE_EXIT = """
+import atexit, gc, sys
+from pathlib import Path
+from flows import cli
+made = [[i] for i in range(200_000)]          # objects the command leaves behind, each tracked by the collector
+def record():                                 # an exit handler registered during the command, as Prefect's are
+    Path(sys.argv[1]).write_text(str(gc.get_freeze_count()))
+def fake_main():
+    atexit.register(record)
+    print("x" * 100_000, end="")              # more than the pipe's buffer, unflushed
+    return 3
+cli.main = fake_main
+cli.console()
+"""
+
+
+def test_the_command_exits_with_mains_code_its_output_whole_and_the_runs_objects_out_of_the_exit_collection(
+        tmp_path):
+    """`pram-release` (pyproject's script: flows.cli:console) ends like any Python program, its exit handlers
+    run and its output flushed, but the collector's passes at exit skip the objects the run made (gc.freeze)."""
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["pram-release"] == \
+        "flows.cli:console"
+    seen = tmp_path / "frozen"
+    out = subprocess.run([sys.executable, "-c", CONSOLE_EXIT, str(seen)], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert out.stdout == "x" * 100_000
+    assert int(seen.read_text()) >= 200_000
