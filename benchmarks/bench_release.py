@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.census import write_census, write_spec
+from benchmarks.results_io import compile_project
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".bench-data"
