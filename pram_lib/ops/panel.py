@@ -797,6 +797,13 @@ class Memo:
         """The variables the ledger accounts: those with an ε (noise is memoized too, but spends none)."""
         return [v for v, e in self.epsilon.items() if e > 0]
 
+    def channel_changed(self, variable: str) -> bool:
+        """The ledger's pairs of `variable` were released by another channel than this release's. A pair's hash
+        names its channel, so none of them can be met again: every record releases a new pair (and pays), and the
+        settled ledger keeps no pair of the old channel."""
+        before = self.state.channels.get(variable)
+        return bool(before) and before != self.fingerprints[variable]
+
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
         """The chunk's record ids (pram_lib.core.memo.record_ids; the PRF keys them before anything is stored)."""
         try:
@@ -856,7 +863,8 @@ class Memo:
             return Settlement.of(state), summary
         paid_rows, paid = _joined(chunks.charge, np.float64)
         names, before_table = last_pair_table(old) if old.records.size else ([], None)
-        if old.records.size and names == self.charged:
+        changed = {v for v in self.charged if self.channel_changed(v)}
+        if old.records.size and names == self.charged and not changed:
             delta = self._delta(chunks, pos, fresh_rows, fresh_tags, paid_rows, paid, before_table)
             largest = max(largest_units(old), int(delta.loss.max()) if delta.loss.size else 0)
             settlement = Settlement(old, old.releases + 1, dict(self.fingerprints), delta, largest)
@@ -871,7 +879,7 @@ class Memo:
         pairs = {v: _joined(chunks.pairs[v], np.uint64) for v in self.charged}
         table = np.zeros((n, len(self.charged)), dtype=np.uint64)   # row-major: a record's last pairs together
         for j, v in enumerate(self.charged):
-            if v in old.last:
+            if v in old.last and v not in changed:   # the old channel's pairs can never be met again: forgotten
                 table[:m, j] = old.last[v]
         for j, v in enumerate(self.charged):
             lv = table[:, j]
@@ -882,6 +890,9 @@ class Memo:
             if at.size:
                 lv[at] = pair
             last[v] = lv
+            if v in changed:
+                history[v] = np.empty(0, dtype=np.uint64)
+                continue
             added = np.sort(replaced[replaced != 0])
             before = old.history.get(v)
             history[v] = added if before is None else \
@@ -949,8 +960,7 @@ class Memo:
                 "paid_nothing": rows - count, "paid": int(count), "largest_charge": largest / PICO,
                 "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if rows else 0.0, "cap": self.cap,
                 "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
-                "channel_changed": sorted(v for v, fp in self.fingerprints.items()
-                                          if v in old.channels and old.channels[v] != fp),
+                "channel_changed": sorted(v for v in self.fingerprints if self.channel_changed(v)),
                 "changed_values": {v: int(chunks.changed.get(v, 0)) for v in self.charged}}
 
 
@@ -998,7 +1008,8 @@ class MemoChunk:
         state = self.memo.state
         last = history = None
         stride = 1
-        if variable in state.last and state.records.size:   # the ledger's column, read in place by row
+        if variable in state.last and state.records.size and not self.memo.channel_changed(variable):
+            # the ledger's column, read in place by row
             last = state.last[variable]
             if not (last.dtype == np.uint64 and last.ndim == 1 and last.strides[0] % 8 == 0 and last.strides[0] > 0):
                 last = np.ascontiguousarray(last, dtype=np.uint64)
@@ -1019,7 +1030,11 @@ class MemoChunk:
         memo = self.memo
         eps = memo.units(variable)
         state = memo.state
-        last, new = state.seen(variable, self.pos, h, self._last_pairs(variable) if variable in state.last else None)
+        if memo.channel_changed(variable):
+            last, new = np.zeros(h.size, dtype=bool), np.ones(h.size, dtype=bool)
+        else:
+            last, new = state.seen(variable, self.pos, h,
+                                   self._last_pairs(variable) if variable in state.last else None)
         new &= live
         ok = self.loss + eps <= memo.cap_units   # whole pico-ε: exact
         ok |= ~new

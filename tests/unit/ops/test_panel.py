@@ -193,6 +193,34 @@ def test_a_changed_channel_charges_everyone_afresh_and_says_so(tmp_path):
     assert (losses(spec, a["person_id"]) == units(EPS_SIZE) + units(math.log(3.0))).all()
 
 
+
+def test_a_changed_channel_leaves_no_pair_of_the_old_one_in_the_ledger(tmp_path):
+    """A pair's hash names its channel, so after a change no old pair can be met again: the ledger forgets them
+    (it stays one channel's size however often the channel changes), the next release with the same channel
+    keeps exactly the pairs it replaced, and a return to an earlier channel charges everyone afresh (the
+    conservative side: its old pairs were forgotten)."""
+    gamma4, gamma3 = VARIABLES["rr-uniform"], dict(VARIABLES["rr-uniform"], gamma=3.0)
+    store = lambda spec: panel.PanelStore(spec.resolve(spec.private_store), spec.population.key).load()  # noqa: E731
+    a = population(1000)
+    release_once(tmp_path, a, spec_file(tmp_path, [gamma4]), seed=1)
+    b = next_month(a, np.random.default_rng(5), columns=("size",))
+    _, s2, spec = release_once(tmp_path, b, spec_file(tmp_path, [gamma3]), seed=2)
+    state = store(spec)
+    assert s2["channel_changed"] == ["size"] and s2["paid"] == len(b)
+    assert state.history["size"].size == 0
+    assert np.count_nonzero(state.last["size"]) == b["size"].notna().sum()   # this release's pairs only
+    c = next_month(b, np.random.default_rng(6), columns=("size",))
+    _, s3, spec = release_once(tmp_path, c, spec_file(tmp_path, [gamma3]), seed=3)
+    state = store(spec)
+    both = c.iloc[:len(b)]
+    moved = int(((both["size"] != b["size"]) & both["size"].notna() & b["size"].notna()).sum())
+    assert moved > 0 and s3["channel_changed"] == [] and s3["changed_values"]["size"] == moved
+    assert state.history["size"].size == moved                  # the pairs the changed values replaced
+    assert s3["paid"] == moved + (len(c) - len(b))                # the changed and the new records
+    _, s4, spec = release_once(tmp_path, c, spec_file(tmp_path, [gamma4]), seed=4)
+    assert s4["channel_changed"] == ["size"] and s4["paid"] == len(c)
+    assert store(spec).history["size"].size == 0
+
 # -- the privacy claim, by brute force on a small domain -----------------------------------------------------------
 def joint_law(channel: np.ndarray, history: tuple[int, ...]) -> dict[tuple[int, ...], float]:
     """P(released sequence | true history) under memoization: one draw per distinct value, reused."""
@@ -951,13 +979,13 @@ def test_the_composed_guarantee_of_a_longitudinal_population_is_the_worst_record
 
 
 @pytest.mark.parametrize("case", ["steady", "row-major table", "empty ledger", "variable not in the ledger",
-                                  "no history"])
+                                  "no history", "channel changed"])
 def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case, monkeypatch):
     """MemoChunk.account for one variable: the C kernel, the numpy twin and a row-by-row reading of the rule agree
     (a pair is free when it is the record's last or in the variable's history; a new pair of a live row costs ε
     while the record's loss plus ε stays within the cap, a loss exactly at cap - ε included; a blocked row keeps
     its loss), on rows of every kind: new records, unchanged, changed back to an earlier value, changed to a new
-    value, not live, and at the cap's edge."""
+    value, not live, and at the cap's edge. When the ledger's pairs are of another channel, none is free."""
     from pram_lib.core import fastpath
 
     assert fastpath.keep_uniform_kernel() is not None, "run `python -m pram_lib.core.fastpath` (make install does)"
@@ -968,6 +996,8 @@ def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case
         if case != "empty ledger" else panel.PanelState()   # the table's column of "a": every second word
     state.history = {v: np.sort(rng.integers(1, 2**63, 0 if case == "no history" else 500, dtype=np.uint64))
                      for v in state.last}
+    if case == "channel changed":
+        state.channels = {"a": "an earlier channel"}
     memo = panel.Memo(KeyedPrf(bytes(16)), state, "k", cap, 0.0, {"a": eps}, {"a": "fa"})
     units, cap_units = memo.units("a"), memo.cap_units
     pos = np.where(rng.random(n) < 0.8, rng.integers(0, max(m, 1), n), -1) if state.records.size else np.full(n, -1)
@@ -993,11 +1023,12 @@ def test_accounting_kernel_equals_a_row_by_row_reference_and_the_numpy_twin(case
     assert np.array_equal(c_chunk.loss, np_chunk.loss) and np.array_equal(c_chunk.charge, np_chunk.charge)
 
     history = set(state.history.get("a", np.empty(0)).tolist())
+    before = "a" in state.last and case != "channel changed"   # the ledger holds pairs that can be met again
     ok, moved, changed, blocked, charge = [], [], 0, 0, np.zeros(n)
     for i in range(n):
         known = pos[i] >= 0
-        is_last = "a" in state.last and known and int(lasts["a"][i]) == int(h[i])
-        fresh = live[i] and not is_last and not ("a" in state.last and known and int(h[i]) in history)
+        is_last = before and known and int(lasts["a"][i]) == int(h[i])
+        fresh = live[i] and not is_last and not (before and known and int(h[i]) in history)
         allowed = not fresh or loss[i] + units <= cap_units
         if fresh and allowed:
             charge[i] = units
