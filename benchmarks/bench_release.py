@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.census import write_census, write_spec
-from benchmarks.results_io import compile_project
+from benchmarks.results_io import compile_project, measured_note
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".bench-data"
@@ -366,6 +366,7 @@ def main() -> None:
                      "chunks on Dask counts from its first task's start to its last task's end; 'before pass 1' "
                      "includes starting the local Dask cluster; 'rest' is the run's other tasks and the gaps between "
                      "tasks):\n\n" + "\n".join(lines) + "\n")
+    notes.append(measured_note())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_release.json").write_text(json.dumps({
         "order": 3, "section": "3. End-to-end release (read Parquet, perturb, validate, write Parquet)",
