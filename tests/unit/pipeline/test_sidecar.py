@@ -46,6 +46,19 @@ def test_the_pool_spawns_and_its_worker_never_imports_prefect(helpers):
     assert sidecar.collect(helpers.submit(os.getppid), "the check") == os.getpid()   # a child of this process
 
 
+def _collector() -> tuple[bool, int]:
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+def test_the_workers_collector_is_off_and_its_imports_frozen(helpers):
+    """A helper serves one release and exits with it: no cyclic collection walks its imports (sidecar.prepare_worker)."""
+    enabled, frozen = sidecar.collect(helpers.submit(_collector), "the check")
+    assert enabled is False and frozen > 100_000   # GX, pandas and matplotlib: hundreds of thousands of objects
+    assert _collector()[0] is True                  # this process keeps its collector
+
+
 def test_results_and_errors_come_back_as_if_run_here(helpers):
     assert helpers.submit(math.sqrt, 16.0).result() == 4.0
     with pytest.raises(ValueError, match="math domain error"):
