@@ -98,3 +98,31 @@ def test_the_command_exits_with_mains_code_its_output_whole_and_the_runs_objects
     assert out.returncode == 3, out.stderr[-2000:]
     assert out.stdout == "x" * 100_000
     assert int(seen.read_text()) >= 200_000
+
+
+COLLECTOR_DURING = """
+import gc, json, sys
+from flows import cli
+seen = {}
+def fake_main():
+    seen["during"] = gc.isenabled()
+    cli.imports_done()
+    seen["after"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
+    print(json.dumps(seen))
+    return 0
+cli.main = fake_main
+sys.argv = ["pram-release", sys.argv[1]]
+cli.console()
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_a_run_imports_with_the_collector_off_and_turns_it_back_on(command):
+    """`pram-release run` imports with the cyclic collector off and turns it on again once the imports are done
+    (their objects frozen out of it); other commands keep it on throughout."""
+    out = subprocess.run([sys.executable, "-c", COLLECTOR_DURING, command], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout)
+    assert seen["during"] is (command != "run") and seen["after"] is True
+    assert (seen["frozen"] > 1000) is (command == "run")   # flows.cli's imports at least
