@@ -339,7 +339,7 @@ class PanelStore:
                 raise ValueError("its table of last pairs does not match")
             state = PanelState(records, loss, {n: table[:, j] for j, n in enumerate(names)},
                                {n: arrays[f"history_{j}"] for j, n in enumerate(names)},
-                               dict(zip(names, map(str, channels))), int(head["releases"]))
+                               header_channels(head, names, channels), int(head["releases"]))
             if records.dtype != np.uint64 or loss.dtype != np.float64 or loss.size != records.size:
                 raise ValueError("its arrays do not match")
             if head["format"] == FLOAT_LEDGER_FORMAT:   # ε as floats: to pico-ε, rounded up (never undercounts)
@@ -401,6 +401,7 @@ class PanelStore:
         memory (no zip, no copy)."""
         names, table = last_pair_table(state)
         header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
+                  "uncharged_channels": uncharged_channels(state.channels, names),
                   "releases": int(state.releases), "largest": largest_units(state)}
         ordered, by_tag = state.tag_index()
         if by_tag is None:   # the rows are in tag order: the index is the records themselves
@@ -424,6 +425,20 @@ SORTED_LEDGER_FORMAT = "pram-release per-record ledger 3"   # (2 and 3 read, the
 FLOAT_LEDGER_FORMAT = "pram-release per-record ledger 2"
 READABLE_FORMATS = (LEDGER_FORMAT, SORTED_LEDGER_FORMAT, FLOAT_LEDGER_FORMAT)
 LEDGER_ARRAYS = ("header", "records", "loss", "lasts", "sorted_tags", "by_tag")   # then history_j per variable
+
+
+def uncharged_channels(channels: dict[str, str], names: list[str]) -> dict[str, str]:
+    """The channel fingerprints of the memoized variables the ledger does not charge (noise spends no ε), kept in
+    its header beside the charged ones: a later release tells when their draws were renewed."""
+    return {v: fp for v, fp in channels.items() if v not in names}
+
+
+def header_channels(head: dict, names: list[str], channels: list) -> dict[str, str]:
+    """Every variable's channel fingerprint in a ledger's (or delta's) header: the charged variables' in column
+    order, the others' by name (absent from ledgers written before 2026-12-02)."""
+    out = {k: str(v) for k, v in head.get("uncharged_channels", {}).items() if k not in names}
+    out.update(zip(names, map(str, channels)))
+    return out
 
 
 def last_pair_table(state: PanelState) -> tuple[list[str], np.ndarray]:
@@ -570,7 +585,7 @@ def read_deltas(path: Path) -> tuple[list[DeltaBlock], int]:
         head = json.loads(np.load(f, allow_pickle=False).item())
         names = list(head["variables"])
         arrays = [np.load(f, allow_pickle=False) for _ in range(4 + len(names))]
-        blocks.append(DeltaBlock(int(head["releases"]), names, dict(zip(names, map(str, head["channels"]))),
+        blocks.append(DeltaBlock(int(head["releases"]), names, header_channels(head, names, head["channels"]),
                                  PanelDelta(*arrays[:4], dict(zip(names, arrays[4:]))), head.get("largest")))
         at += 48 + size
     return blocks, at
@@ -645,7 +660,7 @@ class Settlement:
         names = list(self.before.last)
         return {"releases": int(self.releases), "variables": names,
                 "channels": [self.channels.get(n, "") for n in names],   # as the whole ledger keeps them
-                "largest": int(self.largest)}
+                "uncharged_channels": uncharged_channels(self.channels, names), "largest": int(self.largest)}
 
     def whole(self) -> PanelState:
         """The whole ledger: the ledger read with the delta applied (apply_deltas, as a later load does), its
@@ -960,7 +975,8 @@ class Memo:
                 "paid_nothing": rows - count, "paid": int(count), "largest_charge": largest / PICO,
                 "at_cap": chunks.at_cap, "largest_loss": chunks.largest_loss if rows else 0.0, "cap": self.cap,
                 "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
-                "channel_changed": sorted(v for v in self.fingerprints if self.channel_changed(v)),
+                "channel_changed": sorted(v for v in self.charged if self.channel_changed(v)),
+                "renewed": sorted(v for v in self.fingerprints if v not in self.charged and self.channel_changed(v)),
                 "changed_values": {v: int(chunks.changed.get(v, 0)) for v in self.charged}}
 
 
@@ -1125,4 +1141,9 @@ def summary_lines(spec, summary: dict) -> list[str]:
     if summary["channel_changed"]:
         lines.append("channel changed since the last release, so every record was charged afresh: " +
                      ", ".join(f"`{v}`" for v in summary["channel_changed"]))
+    if summary.get("renewed"):
+        lines.append("**noise drawn afresh for every record**, unchanged values included (its parameters were chosen "
+                     "again from this source and moved): " + ", ".join(f"`{v}`" for v in summary["renewed"]) +
+                     "; an intruder averaging releases of an unchanged value narrows its noise. Fix the noise "
+                     "parameters in the spec (`theta:`, `eta:`) to keep it from release to release")
     return lines

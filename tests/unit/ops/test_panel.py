@@ -221,6 +221,32 @@ def test_a_changed_channel_leaves_no_pair_of_the_old_one_in_the_ledger(tmp_path)
     assert s4["channel_changed"] == ["size"] and s4["paid"] == len(c)
     assert store(spec).history["size"].size == 0
 
+
+NOISE_FROM_SOURCE = {"column": "score", "channel": "gamma-noise", "protection": {"Q": 0.75, "delta": 0.9},
+                     "theta_min": 0.5, "bounds": [-1000, 1000]}
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_noise_whose_parameters_moved_with_the_source_is_said_to_be_drawn_afresh(tmp_path, fixed):
+    """A noise channel chosen from the source (its (theta, eta) optimised) moves when the source does, here by 2 %
+    newcomers: the next release draws every record's noise afresh, unchanged values included, and its summary
+    says so (the ledger keeps the fingerprints of the channels it does not charge, through its whole file and its
+    deltas). The same source again keeps the noise; so do parameters fixed in the spec."""
+    noise = dict(VARIABLES["gamma-noise"], bounds=[-1000, 1000]) if fixed else NOISE_FROM_SOURCE
+    spec_path = spec_file(tmp_path, [VARIABLES["rr-uniform"], noise])
+    a = population(2000)
+    r1, _, _ = release_once(tmp_path, a, spec_path, seed=1)                                  # a whole ledger
+    b = next_month(a, np.random.default_rng(5), changed=0.0)                                  # only newcomers
+    r2, s2, spec = release_once(tmp_path, b, spec_path, seed=2)                               # a delta
+    r3, s3, _ = release_once(tmp_path, b, spec_path, seed=3)                                  # read through it
+    kept = lambda x, y: float((x.merge(y, on="panel_id")["score_x"] ==                         # noqa: E731
+                               x.merge(y, on="panel_id")["score_y"]).mean())
+    assert s2["channel_changed"] == [] and s3["renewed"] == [] and kept(r2, r3) == 1.0
+    assert s2["renewed"] == ([] if fixed else ["score"])
+    assert kept(r1, r2) == (1.0 if fixed else 0.0)
+    said = " ".join(panel.summary_lines(spec, s2))
+    assert ("noise drawn afresh" in said and "`score`" in said) is not fixed
+
 # -- the privacy claim, by brute force on a small domain -----------------------------------------------------------
 def joint_law(channel: np.ndarray, history: tuple[int, ...]) -> dict[tuple[int, ...], float]:
     """P(released sequence | true history) under memoization: one draw per distinct value, reused."""
