@@ -1142,8 +1142,9 @@ def summary_lines(spec, summary: dict) -> list[str]:
         lines.append("channel changed since the last release, so every record was charged afresh: " +
                      ", ".join(f"`{v}`" for v in summary["channel_changed"]))
     if summary.get("renewed"):
-        lines.append("**noise drawn afresh for every record**, unchanged values included (its parameters were chosen "
-                     "again from this source and moved): " + ", ".join(f"`{v}`" for v in summary["renewed"]) +
+        lines.append("**noise drawn afresh for every record**, unchanged values included (its channel differs from "
+                     "the last release's: parameters chosen from a source that moved, or changed in the spec): " +
+                     ", ".join(f"`{v}`" for v in summary["renewed"]) +
                      "; an intruder averaging releases of an unchanged value narrows its noise. Fix the noise "
                      "parameters in the spec (`theta:`, `eta:`) to keep it from release to release")
     return lines
