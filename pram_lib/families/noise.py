@@ -662,6 +662,12 @@ class Noise(Family):
     def channel_entries(self, spec, v, assignments):
         return [noise_entry(spec, a) for a in assignments]
 
+    def channel_law(self, spec, v, assignments):
+        """The noise law without the protection measured on the source and the shapes searched (they move with
+        the source when the law does not: the same law must keep a record's noise)."""
+        return [{k: x for k, x in entry.items() if k not in ("protection", "theta_grid")}
+                for entry in self.channel_entries(spec, v, assignments)]
+
     def missing_rule(self, v):
         return "released as missing, without noise"
 

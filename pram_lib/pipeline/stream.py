@@ -462,11 +462,12 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
 
 
 def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, str]:
-    """Each variable's channels as published (channels.json entries), hashed: a changed channel is a new draw."""
+    """Each variable's channel law as published (its channels.json entries, less what they say of the source:
+    the family's `channel_law`), hashed: a changed law is a new draw."""
     out = {}
     for v in spec.variables:
         alist = [a for a in assignments if a.column == v.key]
-        text = json.dumps(family_of(v).channel_entries(spec, v, alist), sort_keys=True, default=str)
+        text = json.dumps(family_of(v).channel_law(spec, v, alist), sort_keys=True, default=str)
         out[v.key] = hashlib.sha256(text.encode()).hexdigest()[:16]
     return out
 
