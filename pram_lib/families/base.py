@@ -141,11 +141,11 @@ class Family(ABC):
     def channel_entries(self, spec, v, assignments: list) -> list[dict]:
         """The variable's entries of channels.json (public facts only)."""
 
+    @abstractmethod
     def channel_law(self, spec, v, assignments: list) -> list[dict]:
-        """What a record's draws depend on, as published: the channel entries, less what a driver's entries also
-        say of the source (a longitudinal population's memoized draws are keyed by it, so a changed law renews
-        them and nothing else does)."""
-        return self.channel_entries(spec, v, assignments)
+        """What a record's draws depend on, as published: the channel entries, less what they also say of the
+        source (a longitudinal population's memoized draws are keyed by it, so a changed law renews them and
+        nothing else does)."""
 
     # -- reports: report.md (public facts only) -------------------------------------------------------
     @abstractmethod

@@ -673,6 +673,9 @@ class Categorical(Family):
             out.append((j, None, ldp_audit.draw(sample, pair, ch.epsilon, samples, rng), labels))
         return out
 
+    def channel_law(self, spec, v, assignments):
+        return self.channel_entries(spec, v, assignments)   # nothing measured on the source but what chose it
+
     def channel_entries(self, spec, v, assignments):
         out = []
         for a in assignments:
