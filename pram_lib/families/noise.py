@@ -359,6 +359,7 @@ def estimate_distributions(released: pd.DataFrame, assignments: list[Assignment]
     return (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=cols),
             pd.DataFrame(summary))
 PUBLIC_NOISE_DETAILS = ("Q", "delta", "objective", "bias_const", "strict_window", "resolution", "point_mass_mode")
+SOURCE_MEASURES = ("protection", "theta_grid", "objective")   # in a noise entry, measured on the source
 
 
 def noise_entry(spec, a: Assignment) -> dict:
@@ -663,9 +664,10 @@ class Noise(Family):
         return [noise_entry(spec, a) for a in assignments]
 
     def channel_law(self, spec, v, assignments):
-        """The noise law without the protection measured on the source and the shapes searched (they move with
-        the source when the law does not: the same law must keep a record's noise)."""
-        return [{k: x for k, x in entry.items() if k not in ("protection", "theta_grid")}
+        """The noise law without what was measured on the source: the protection reached, the shapes searched and
+        the chooser's criterion at its choice (they move with the source when the law does not: the same law must
+        keep a record's noise)."""
+        return [{k: x for k, x in entry.items() if k not in SOURCE_MEASURES}
                 for entry in self.channel_entries(spec, v, assignments)]
 
     def missing_rule(self, v):
