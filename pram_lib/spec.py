@@ -85,6 +85,12 @@ class LongitudinalSpec(_Strict):
     key: str = Field(description="the source column that identifies a person across releases (never released)")
     link: bool = Field(default=True, description="publish `panel_id`, a keyed pseudonym of the key, so analysts "
                        "can estimate change between releases")
+    channels: Literal["keep", "choose"] = Field(
+        default="keep", description="keep (default): each variable keeps the channel the population's release that "
+        "chose it published, until its spec entry changes or the channel no longer fits the source (other "
+        "categories or strata, noise below its protection level), so an unchanged value is released identically "
+        "and nothing is chosen from each new source (a DP prior's ε0 is spent once); choose: choose every "
+        "release's channels from its own source (a changed channel charges every record afresh)")
 
 
 class ReviewSpec(_Strict):

@@ -208,7 +208,7 @@ def variables_rows(spec, assignments, overall) -> list[dict]:
         mi = getattr(alist[0].channel, "objective", None)
         dp = v.key in spent
         eps = max(a.channel.epsilon for a in alist) if dp else None
-        prior = max((a.prior_epsilon or 0.0) for a in alist) if dp else None
+        prior = max((a.prior_spent or 0.0) for a in alist) if dp else None
         rows.append({"variable": v.key, "channel": family_of(v).describe(v, alist),
                      "epsilon": "not DP" if eps is None else round(eps, 6),
                      "gamma": "not DP" if eps is None else round(math.exp(min(eps, 700.0)), 6),

@@ -258,7 +258,7 @@ class ReleaseRun:
 
     def _channel_summary(self) -> list[dict]:
         return [{"variable": a.column, "stratum": a.stratum_label, "method": a.channel.method,
-                 "epsilon": getattr(a.channel.guarantee, "epsilon", "not DP"), "prior_epsilon": a.prior_epsilon}
+                 "epsilon": getattr(a.channel.guarantee, "epsilon", "not DP"), "prior_epsilon": a.prior_spent}
                 for a in self.assignments or []]
 
     def _summary(self, outcome: str, err: StepFailed | None = None, audited: bool = True) -> None:

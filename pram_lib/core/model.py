@@ -73,15 +73,23 @@ class Assignment:
     prior: str
     prior_epsilon: float
     public: bool = False             # spec marks the variable public: ε = ∞ accepted, not in the budget
+    kept_from: int = 0               # a longitudinal population's release whose channel this keeps (0: chosen now)
+    rechosen: str = ""               # why a channel the population had was not kept (empty: kept, or none before)
+
+    @property
+    def prior_spent(self) -> float:
+        """The ε0 of a differentially private prior read from this release's source: none for a kept channel (its
+        prior was read, and charged, at the release that chose it)."""
+        return 0.0 if self.kept_from else self.prior_epsilon
 
     @property
     def guarantee(self) -> Guarantee:
-        """What releasing this variable guarantees: the channel's, with a DP prior's ε0 composed onto it; none
-        when the spec declares the variable public."""
+        """What releasing this variable guarantees: the channel's, with a DP prior's ε0 composed onto it when the
+        prior was read from this release's source; none when the spec declares the variable public."""
         if self.public:
             return Public()
         g = self.channel.guarantee
-        return g.plus(self.prior_epsilon) if isinstance(g, LDP) else g
+        return g.plus(self.prior_spent) if isinstance(g, LDP) else g
 
     @property
     def stratum_label(self) -> str:

@@ -31,6 +31,13 @@ class ChunkStats(Protocol):
     def __add__(self, other: Any) -> Any: ...
 
 
+KEPT_KEYS = ("kept_from_release", "prior_epsilon_at_choice")   # in a kept channel's entries, not in its law
+
+
+class NotKept(Exception):
+    """A population's channel cannot be kept for this release; the message says why (no value of the source)."""
+
+
 class Family(ABC):
     """One kind of channels (categorical, group, continuous): the driver the engine runs every variable of that
     kind through. Abstract: a driver defines every method below (returning [] or None where it has nothing), so a
@@ -94,6 +101,14 @@ class Family(ABC):
     @abstractmethod
     def choose(self, spec, i: int, v, profile, seed: int) -> list:
         """The variable's assignments (one per stratum)."""
+
+    @abstractmethod
+    def keep(self, spec, i: int, v, profile, law: list[dict], release: int) -> list:
+        """The Assignments of a longitudinal population's channel for the variable, kept from the release `release`
+        that chose it: rebuilt from its law (`channel_law`, as stored beside the population's ledger) on this
+        release's profile, so a record's unchanged value is released identically and nothing is chosen from this
+        source. NotKept (saying why, in public terms) when the law no longer fits (other categories or strata, a
+        noise level no longer met on this source)."""
 
     @abstractmethod
     def plan(self, v, profile) -> Any:

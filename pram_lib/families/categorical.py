@@ -32,7 +32,7 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, VariableProfile
 from pram_lib.core.randomness import Replay, at_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import (PRIORS_FOR_REPORT, Family, OneColumn, StatedLevel, exact, pct,
+from pram_lib.families.base import (PRIORS_FOR_REPORT, Family, NotKept, OneColumn, StatedLevel, exact, pct,
                                     unresolved_target_error)
 from pram_lib.core.guarantee import LDP, Public
 from pram_lib.families.entry import ChannelEntry, Claim, FromData
@@ -674,19 +674,44 @@ class Categorical(Family):
         return out
 
     def channel_law(self, spec, v, assignments):
-        return self.channel_entries(spec, v, assignments)   # nothing measured on the source but what chose it
+        return self._entries(v, assignments, as_chosen=True)   # nothing measured on the source but what chose it
 
     def channel_entries(self, spec, v, assignments):
+        return self._entries(v, assignments, as_chosen=False)
+
+    def _entries(self, v, assignments, as_chosen: bool) -> list[dict]:
+        """channels.json's entries; `as_chosen`: as at the release that chose them (a kept channel's entries say
+        which release that was, and that its prior's ε0 is not spent again)."""
         out = []
         for a in assignments:
             d = a.channel.to_dict()
             d["details"] = {k: x for k, x in d.get("details", {}).items() if k not in VOLATILE_DETAILS}
             d.update(stratum=a.stratum_label, strata_columns=list(a.strata_columns),
                      stratum_key=[None if x is None else str(x) for x in a.stratum],
-                     prior=a.prior, prior_epsilon=a.prior_epsilon, domain=domain_label(v))
+                     prior=a.prior, prior_epsilon=a.prior_epsilon if as_chosen else a.prior_spent,
+                     domain=domain_label(v))
+            if a.kept_from and not as_chosen:
+                d.update(kept_from_release=a.kept_from, prior_epsilon_at_choice=a.prior_epsilon)
             if v.target_details is not None:
                 d["details"]["target"] = v.target_details
             out.append(d)
+        return out
+
+    def keep(self, spec, i, v, profile, law, release):
+        vp = profile.variables[v.column]
+        check_strata(spec, i, v, vp)
+        by_key = {tuple(e["stratum_key"]): e for e in law}
+        labels = [tuple(None if x is None else str(x) for x in key) for key in vp.strata]
+        if sorted(map(str, labels)) != sorted(map(str, by_key)):
+            raise NotKept("its strata differ from those of the release that chose it")
+        out = []
+        for key, label in zip(vp.strata, labels):
+            e = by_key[label]
+            ch = Channel.from_dict(e)
+            if tuple(ch.categories) != tuple(vp.categories):
+                raise NotKept("its categories differ from those of the release that chose it")
+            out.append(Assignment(v.column, key, vp.strata_columns, ch, e["prior"], float(e["prior_epsilon"]),
+                                  v.public, kept_from=release))
         return out
 
     # -- accuracy planning ------------------------------------------------------------------------------------

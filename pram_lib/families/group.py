@@ -30,7 +30,8 @@ from pram_lib.core.model import MISSING, NO_STRATUM, Assignment, GroupProfile
 from pram_lib.core.planning import Estimand, TargetCurve, VariablePlan, planning_grid
 from pram_lib.core.randomness import Replay, at_row
 from pram_lib.core.validate import channel_consistency_test
-from pram_lib.families.base import PRIORS_FOR_REPORT, Family, StatedLevel, pct, unresolved_target_error
+from pram_lib.families.base import (KEPT_KEYS, PRIORS_FOR_REPORT, Family, NotKept, StatedLevel, pct,
+                                    unresolved_target_error)
 from pram_lib.families.categorical import count_values
 from pram_lib.families.entry import ChannelEntry, Claim, FromData
 
@@ -586,8 +587,16 @@ class Group(Family):
                         (*cells, cells[0])))
         return out
 
-    def channel_law(self, spec, v, assignments):
-        return self.channel_entries(spec, v, assignments)   # nothing measured on the source but what chose it
+    def channel_law(self, spec, v, assignments):   # nothing measured on the source but what chose it
+        return [{k: x for k, x in e.items() if k not in KEPT_KEYS} for e in self.channel_entries(spec, v, assignments)]
+
+    def keep(self, spec, i, v, profile, law, release):
+        (e,) = law
+        ch = mr.GroupChannel.from_dict(e)
+        gp = profile.groups[v.key]
+        if [[str(c) for c in cats] for cats in ch.categories] != [[str(c) for c in cats] for cats in gp.categories]:
+            raise NotKept("its attributes' categories differ from those of the release that chose it")
+        return [Assignment(v.key, NO_STRATUM, (), ch, e["prior"], 0.0, kept_from=release)]
 
     def channel_entries(self, spec, v, assignments):
         (a,) = assignments
@@ -600,6 +609,8 @@ class Group(Family):
                                   "true cell w.p. keep, else each other cell w.p. move_each")
         if v.target_details is not None:
             d["details"] = {**d.get("details", {}), "target": v.target_details}
+        if a.kept_from:
+            d["kept_from_release"] = a.kept_from
         return [d]
 
     # -- accuracy planning ------------------------------------------------------------------------------------

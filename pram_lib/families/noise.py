@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import zlib
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -29,7 +29,7 @@ from pram_lib.core.quantile import z_value
 from pram_lib.core.randomness import ExactSums, per_row, uniforms
 from pram_lib.core.strict import Strict
 from pram_lib.core.validate import noise_consistency_test
-from pram_lib.families.base import Family, OneColumn, exact, fmt_num, pct
+from pram_lib.families.base import KEPT_KEYS, Family, NotKept, OneColumn, exact, fmt_num, pct
 from pram_lib.families.entry import ChannelEntry, Claim
 
 PERTURB, SKETCH = 0, 4   # randomness key purposes: the noise, the pass-1 sample
@@ -264,9 +264,11 @@ def check_levels_parameters(spec, i: int, v, x: np.ndarray, atoms: list[float]) 
                          "give the step the values are recorded in, or drop `resolution:`")
 
 
-def choose_noise(spec, i: int, v, np_: NumericProfile, theta: float, grid: list[float]):
+def choose_noise(spec, i: int, v, np_: NumericProfile, theta: float, grid: list[float], kept_eta: float | None = None):
     """Two-sided Gamma noise for a continuous variable: fixed (`theta`, η) when the spec fixes η, else the (ϑ, η)
-    with ϑ on `grid` that meets the protection level with the smallest deconvolution variance."""
+    with ϑ on `grid` that meets the protection level with the smallest deconvolution variance. `kept_eta`: the η
+    a longitudinal population keeps (with `theta`), its protection measured on this source: NotKept when the
+    level is no longer met."""
     x = np_.values[~np.isnan(np_.values)]
     atoms = [float(a) for a in to_release_scale(np.asarray(v.point_masses, dtype=float), v.transform)]
     spread = x[~np.isin(x, atoms)] if atoms else x
@@ -277,10 +279,11 @@ def choose_noise(spec, i: int, v, np_: NumericProfile, theta: float, grid: list[
                          "drop the variable (or its `point_masses:`), or check that the right column is named")
     check_levels_parameters(spec, i, v, x, atoms)
     Q, delta = v.level.Q, v.level.delta
-    if v.eta is not None:
-        ch = g.fixed_gamma_noise(theta, v.eta, variables=(v.column,))
+    eta = v.eta if kept_eta is None else kept_eta
+    if eta is not None:
+        ch = g.fixed_gamma_noise(theta, eta, variables=(v.column,))
         try:
-            reached = g.protection_reached(x, theta, v.eta, Q, delta, resolution=v.resolution,
+            reached = g.protection_reached(x, theta, eta, Q, delta, resolution=v.resolution,
                                            point_masses=atoms or None,
                                            point_mass_mode="exclude" if atoms else "as_is")
         except ValueError as exc:
@@ -288,6 +291,8 @@ def choose_noise(spec, i: int, v, np_: NumericProfile, theta: float, grid: list[
                              v.column, "check the column's values (at least two distinct non-missing values)"
                              ) from None
         if not reached["met"] and not v.accept_lower_protection:
+            if kept_eta is not None:
+                raise NotKept("its noise no longer meets the protection level on this source")
             found = {"sup_M_reached": round(reached["sup_M"], 4), "theta": theta, "eta": v.eta}
             raise spec.error(
                 ("variables", i, "eta"), f"the fixed noise (theta = {theta:g}, eta = {v.eta:g}) does not reach the "
@@ -381,6 +386,8 @@ def noise_entry(spec, a: Assignment) -> dict:
              ", Y ~ two-sided Gamma(shape theta, scale eta): density |y|^(theta-1) exp(-|y|/eta) / "
              "(2 Gamma(theta) eta^theta)",
              point_masses=list(v.point_masses), missing="missing values stay missing")
+    if a.kept_from:
+        d["kept_from_release"] = a.kept_from
     return d
 
 
@@ -667,8 +674,17 @@ class Noise(Family):
         """The noise law without what was measured on the source: the protection reached, the shapes searched and
         the chooser's criterion at its choice (they move with the source when the law does not: the same law must
         keep a record's noise)."""
-        return [{k: x for k, x in entry.items() if k not in SOURCE_MEASURES}
+        return [{k: x for k, x in entry.items() if k not in SOURCE_MEASURES + KEPT_KEYS}
                 for entry in self.channel_entries(spec, v, assignments)]
+
+    def keep(self, spec, i, v, profile, law, release):
+        """The kept (ϑ, η), with the protection they reach measured on this source (NotKept when it falls short
+        of the spec's level); published under the method that chose them."""
+        (e,) = law
+        kept = g.NoiseChannel.from_dict(e)
+        ch = choose_noise(spec, i, v, profile.numeric[v.column], kept.theta, [kept.theta], kept_eta=kept.eta)
+        return [Assignment(v.column, NO_STRATUM, (), replace(ch, method=kept.method), e["prior"], 0.0,
+                           kept_from=release)]
 
     def missing_rule(self, v):
         return "released as missing, without noise"

@@ -47,6 +47,7 @@ from pram_lib.core.memo import KeyedPrf, KeyedReplay, hash_to_uniform, record_id
 PANEL_FOLDER = "panels"
 SECRET_FILE, STATE_FILE, LOCK_FILE, DELTA_FILE = "secret.key", "records.npy", "lock", "records.delta"
 NOISE_FILE = "noise.digest"   # the digest of the kernel that drew the population's memoized noise
+KEPT_FILE, KEPT_FORMAT = "channels.json", "pram-release kept channels 1"   # each variable's channel, to keep
 LEGACY_STATE_FILE = "records.npz"   # the ledger as written before its raw format (read, then replaced)
 SECRET_BYTES = 32
 PICO = float(UNITS_PER_EPSILON)   # the per-record ledger's unit: one pico-ε (pram_lib.core.epsilon)
@@ -308,6 +309,33 @@ class PanelStore:
             f.write(digest + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def kept_channels(self) -> dict[str, dict]:
+        """Each variable's channel as the population's release that chose it published it: {variable: {"release":
+        that release, "spec": the spec entry's digest then, "law": the channel's law}} ({} before a first release).
+        Public facts (the law is in that release's channels.json), kept here to be used again."""
+        path = self.folder / KEPT_FILE
+        if not path.is_file():
+            return {}
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            kept = doc["variables"] if doc.get("format") == KEPT_FORMAT else None
+            if not isinstance(kept, dict) or not all(
+                    isinstance(r, dict) and isinstance(r.get("release"), int) and isinstance(r.get("spec"), str)
+                    and isinstance(r.get("law"), list) for r in kept.values()):
+                raise ValueError
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError):
+            raise PanelError(f"{path}: not the population's kept channels (damaged, or of another tool)") from None
+        return kept
+
+    def keep_channels(self, records: dict[str, dict]) -> None:
+        """Write the population's kept channels whole or not at all (a temporary file, fsync'd, renamed)."""
+        tmp = self.folder / f".{KEPT_FILE}.{os.getpid()}.tmp"
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            json.dump({"format": KEPT_FORMAT, "variables": records}, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.folder / KEPT_FILE)
 
     def exists(self) -> bool:
         return any((self.folder / f).is_file() for f in (STATE_FILE, LEGACY_STATE_FILE, SECRET_FILE))
@@ -777,6 +805,8 @@ class Memo:
     fingerprints: dict[str, str]     # variable -> its channel's fingerprint this release
     noise_kernel: Callable[[], str] | None = None   # the digest of this process's keyed-noise kernel
     drew_noise_with: str | None = None               # the digest of the kernel that drew the population's noise
+    channels: dict[str, dict] = field(default_factory=dict, repr=False)   # variable -> its record to keep
+    prior_read: frozenset = frozenset()  # variables whose channel this release chose from a DP prior of the source
     _kernel_here: str | None = field(default=None, init=False, repr=False, compare=False)   # noise_kernel(), once
 
     def check_noise_kernel(self) -> str:
@@ -815,9 +845,11 @@ class Memo:
     def channel_changed(self, variable: str) -> bool:
         """The ledger's pairs of `variable` were released by another channel than this release's. A pair's hash
         names its channel, so none of them can be met again: every record releases a new pair (and pays), and the
-        settled ledger keeps no pair of the old channel."""
+        settled ledger keeps no pair of the old channel. A channel chosen again from a DP prior read from this
+        source counts as changed even when its law is the same: the prior read every record, so every record pays
+        its ε0 (with the channel's ε: the conservative side)."""
         before = self.state.channels.get(variable)
-        return bool(before) and before != self.fingerprints[variable]
+        return bool(before) and (before != self.fingerprints[variable] or variable in self.prior_read)
 
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
         """The chunk's record ids (pram_lib.core.memo.record_ids; the PRF keys them before anything is stored)."""
@@ -977,6 +1009,8 @@ class Memo:
                 "blocked": {v: int(b) for v, b in chunks.blocked.items() if b},
                 "channel_changed": sorted(v for v in self.charged if self.channel_changed(v)),
                 "renewed": sorted(v for v in self.fingerprints if v not in self.charged and self.channel_changed(v)),
+                "kept": {v: r["release"] for v, r in self.channels.items() if r["release"] < releases},
+                "rechosen": {v: r["rechosen"] for v, r in self.channels.items() if r.get("rechosen")},
                 "changed_values": {v: int(chunks.changed.get(v, 0)) for v in self.charged}}
 
 
@@ -1121,6 +1155,7 @@ def settle(spec, memo: Memo, totals: PanelChunk) -> dict:
     store.save(settlement)
     for digest in filter(None, totals.noise_kernels):
         store.keep_noise_digest(digest)
+    store.keep_channels({v: {k: x for k, x in r.items() if k != "rechosen"} for v, r in memo.channels.items()})
     return summary
 
 
@@ -1138,13 +1173,21 @@ def summary_lines(spec, summary: dict) -> list[str]:
         lines.append("at the cap: a record whose new value would pass the cap has that variable released as "
                      "missing (" + ", ".join(f"`{v}` {n:,}" for v, n in summary["blocked"].items()) + " rows); "
                      "estimates then describe the other records, which biases them if those records differ")
+    if summary.get("kept"):
+        lines.append("channels kept from earlier releases of the population (the same law: an unchanged value is "
+                     "released identically, and nothing was chosen from this source, a DP prior's ε0 included): " +
+                     ", ".join(f"`{v}` (chosen at release {r})" for v, r in summary["kept"].items()))
+    if summary.get("rechosen"):
+        lines.append("channels chosen afresh, the kept ones no longer fitting: " +
+                     "; ".join(f"`{v}`: {why}" for v, why in summary["rechosen"].items()))
     if summary["channel_changed"]:
-        lines.append("channel changed since the last release, so every record was charged afresh: " +
-                     ", ".join(f"`{v}`" for v in summary["channel_changed"]))
+        lines.append("channel changed since the last release (or chosen again from a DP prior of this source), so "
+                     "every record was charged afresh: " + ", ".join(f"`{v}`" for v in summary["channel_changed"]))
     if summary.get("renewed"):
         lines.append("**noise drawn afresh for every record**, unchanged values included (its channel differs from "
                      "the last release's: parameters chosen from a source that moved, or changed in the spec): " +
                      ", ".join(f"`{v}`" for v in summary["renewed"]) +
-                     "; an intruder averaging releases of an unchanged value narrows its noise. Fix the noise "
-                     "parameters in the spec (`theta:`, `eta:`) to keep it from release to release")
+                     "; an intruder averaging releases of an unchanged value narrows its noise" +
+                     ("" if spec.longitudinal.channels == "keep" else
+                      " (`longitudinal: {channels: keep}` keeps the noise from release to release)"))
     return lines

@@ -8,10 +8,13 @@ what is computed from the released table may be published.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import lzma
 import math
 import re
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +25,12 @@ from pram_lib.core.guarantee import Public, spent_by_key
 from pram_lib.core.model import (MISSING, NO_STRATUM, Assignment, GroupProfile, NumericProfile, Profile,  # noqa: F401
                                  VariableProfile, from_release_scale, keyed_generator, stratum_label, to_release_scale)
 from pram_lib.families import family_of
+from pram_lib.families.base import NotKept
 from pram_lib.families.categorical import ESTIMATE_COLUMNS, estimate_frame, missing_as_category  # noqa: F401
 from pram_lib.families.group import group_codes, group_marginals  # noqa: F401
 from pram_lib.families.noise import THETA_STEP, estimate_distributions, numeric_column  # noqa: F401
+from pram_lib.ops.audit import sha256_file
+from pram_lib.ops.panel import PanelError, PanelStore
 from pram_lib.pipeline.formats import check_labels, release_labels
 from pram_lib.spec import ReleaseSpec, SpecError
 
@@ -98,13 +104,89 @@ def check_columns(spec: ReleaseSpec, header: list[str]) -> None:
 
 # -- choose channels -------------------------------------------------------------------------------
 def choose_channels(spec: ReleaseSpec, profile: Profile, seed: int) -> list[Assignment]:
-    """Every variable's channels, chosen by its family from the profile; then the leakage guard, the budget and
-    what the statistical-package formats can hold."""
-    out = [a for i, v in enumerate(spec.variables) for a in family_of(v).choose(spec, i, v, profile, seed)]
+    """Every variable's channels: a longitudinal population's kept ones (`keep_or_choose`), the others chosen by
+    its family from the profile; then the leakage guard, the budget and what the statistical-package formats can
+    hold."""
+    kept = kept_channels(spec)
+    out = [a for i, v in enumerate(spec.variables)
+           for a in keep_or_choose(spec, i, v, profile, seed, kept.get(v.key))]
     check_budget(spec, out)
     if "sav" in spec.formats:
         check_labels(spec, release_labels(spec, profile, out))
     return out
+
+
+def kept_channels(spec: ReleaseSpec) -> dict[str, dict]:
+    """A longitudinal population's channels, each as the release that chose it published it ({} for a release
+    without `longitudinal:` or with `channels: choose`, and before a population's first release)."""
+    if spec.longitudinal is None or spec.longitudinal.channels != "keep":
+        return {}
+    try:
+        return PanelStore(spec.resolve(spec.private_store), spec.population.key).kept_channels()
+    except PanelError as exc:
+        raise spec.error(("population", "key"), str(exc), spec.population.key,
+                         "restore the file from the private store's backup, or delete it: every channel is then "
+                         "chosen afresh at the next release, and a changed one charges every record") from None
+
+
+def keep_or_choose(spec: ReleaseSpec, i: int, v, profile: Profile, seed: int, record: dict | None) -> list[Assignment]:
+    """The variable's channel kept from the population's release that chose it (`record`: that release, the
+    digest of the spec entry then, and the channel's law) when its spec entry is unchanged and the family can
+    rebuild exactly that law on this profile; else chosen from this profile, saying why the kept one was not."""
+    family = family_of(v)
+    why = ""
+    if record is not None:
+        if record["spec"] != variable_digest(spec, v):
+            why = "its spec entry changed"
+        else:
+            try:
+                kept = family.keep(spec, i, v, profile, record["law"], record["release"])
+            except NotKept as exc:
+                why = str(exc)
+            else:
+                if law_json(family.channel_law(spec, v, kept)) == law_json(record["law"]):
+                    return kept
+                why = "it could not be rebuilt exactly from the law kept"
+    chosen = family.choose(spec, i, v, profile, seed)
+    return [replace(a, rechosen=why) for a in chosen] if why else chosen
+
+
+def variable_digest(spec: ReleaseSpec, v) -> str:
+    """SHA-256 of a variable's spec entry and of the public files it names (a prior's reference table): what a
+    kept channel was chosen from besides the source."""
+    doc = v.model_dump(mode="json")
+    h = hashlib.sha256(json.dumps(doc, sort_keys=True).encode())
+    for name in sorted(_named_files(doc)):
+        path = spec.resolve(name)
+        h.update(sha256_file(path).encode() if path.is_file() else b"-")
+    return h.hexdigest()
+
+
+def _named_files(doc) -> set[str]:
+    if isinstance(doc, dict):
+        return {x for k, x in doc.items() if k == "file" and isinstance(x, str)} | \
+            {f for x in doc.values() for f in _named_files(x)}
+    if isinstance(doc, list):
+        return {f for x in doc for f in _named_files(x)}
+    return set()
+
+
+def law_json(law: list[dict]) -> str:
+    """A channel law as JSON, keys sorted: what its fingerprint hashes and the population keeps."""
+    return json.dumps(law, sort_keys=True, default=str)
+
+
+def channel_laws(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, list[dict]]:
+    """Each variable's channel law (its family's `channel_law`: the published entries less what they say of the
+    source), as JSON reads it back."""
+    return {v.key: json.loads(law_json(family_of(v).channel_law(spec, v, [a for a in assignments
+                                                                           if a.column == v.key])))
+            for v in spec.variables}
+
+
+def law_fingerprint(law: list[dict]) -> str:
+    """A channel law hashed: a record's memoized draws are keyed by it, so a changed law is a new draw."""
+    return hashlib.sha256(law_json(law).encode()).hexdigest()[:16]
 
 
 def spent_by_variable(assignments: list[Assignment]) -> dict[str, float]:
@@ -127,7 +209,7 @@ def privacy_recipe(assignments: list[Assignment], level: float) -> list[dict]:
     for column, eps in spent_by_variable(assignments).items():
         mine = [a for a in assignments if a.column == column]
         a = mine[0]
-        if (len(mine) == 1 and not a.prior_epsilon and isinstance(a.channel, Channel)
+        if (len(mine) == 1 and not a.prior_spent and isinstance(a.channel, Channel)
                 and len(a.channel.categories) <= MATRIX_LIMIT):   # a group's channel: its ε bound
             out.append({"variable": column, "matrix": a.channel.matrix.tolist(), "epsilon": eps})
         else:

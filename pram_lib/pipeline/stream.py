@@ -16,9 +16,7 @@ Every function here is plain Python (no Prefect): flows map :func:`profile_chunk
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +37,8 @@ from pram_lib.core.memo import KeyedPrf
 from pram_lib.ops.audit import seal_file, sha256_file
 from pram_lib.ops.panel import LedgerDamaged, Memo, NoiseKernelChanged, PanelChunk, PanelError, PanelStore
 from pram_lib.pipeline import formats, sidecar
-from pram_lib.pipeline.release import (UNREADABLE, check_columns, csv_options, needed_columns, source_read_error,
-                                       spent_by_variable)
+from pram_lib.pipeline.release import (UNREADABLE, channel_laws, check_columns, csv_options, law_fingerprint,
+                                       needed_columns, source_read_error, spent_by_variable, variable_digest)
 from pram_lib.spec import PANEL_ID, ReleaseSpec
 
 PART = "part-{:05d}"
@@ -464,11 +462,18 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
 def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, str]:
     """Each variable's channel law as published (its channels.json entries, less what they say of the source:
     the family's `channel_law`), hashed: a changed law is a new draw."""
+    return {v: law_fingerprint(law) for v, law in channel_laws(spec, assignments).items()}
+
+
+def channel_records(spec: ReleaseSpec, assignments: list[Assignment], releases: int) -> dict[str, dict]:
+    """What a longitudinal population keeps of each variable's channel after this release (its `releases`-th):
+    the release that chose it, the digest of its spec entry, its law; and why a channel it had was not kept."""
+    laws = channel_laws(spec, assignments)
     out = {}
     for v in spec.variables:
-        alist = [a for a in assignments if a.column == v.key]
-        text = json.dumps(family_of(v).channel_law(spec, v, alist), sort_keys=True, default=str)
-        out[v.key] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        a = next(a for a in assignments if a.column == v.key)
+        out[v.key] = {"release": a.kept_from or releases, "spec": variable_digest(spec, v),
+                      "law": laws[v.key], "rechosen": a.rechosen}
     return out
 
 
@@ -500,7 +505,9 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
     return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
                 ledger_for(spec).spent(pop.key, besides=run_id),
                 {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
-                channel_fingerprints(spec, assignments), keyed_noise_digest, store.noise_digest())
+                channel_fingerprints(spec, assignments), keyed_noise_digest, store.noise_digest(),
+                channel_records(spec, assignments, state.releases + 1),
+                frozenset(a.column for a in assignments if a.prior_spent))
 
 
 @dataclass

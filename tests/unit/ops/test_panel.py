@@ -17,13 +17,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from pram_lib.core.channel import Channel
 from pram_lib.core.memo import KeyedPrf, record_ids
 from pram_lib.ops import panel
 from pram_lib.pipeline import release, stream
 from pram_lib.spec import SpecError, load_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "contract"))
-from examples import DOMAINS, VARIABLES, source  # noqa: E402
+from examples import DOMAINS, SIZES, VARIABLES, source  # noqa: E402
 
 CUSTOM = np.array(VARIABLES["pram-custom"]["matrix"])
 EPS_SIZE = math.log(4.0)                                   # rr-uniform, gamma 4
@@ -172,12 +173,20 @@ def test_the_private_store_holds_no_raw_key_or_value(tmp_path):
     release_once(tmp_path, next_month(df, np.random.default_rng(2)), spec_path, seed=2)
     folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
     assert all(p.stat().st_mode & 0o077 == 0 for p in folder.iterdir())   # owner only, as the rest of the store
-    blob = b"".join(p.read_bytes() for p in folder.iterdir())
+    blob = b"".join(p.read_bytes() for p in folder.iterdir() if p.name != panel.KEPT_FILE)
     keys = df["person_id"].to_numpy(dtype=np.int64)
     for k in keys[:200]:
         assert int(k).to_bytes(8, "little") not in blob and str(k).encode() not in blob
     for label in ("blue", "green", "north", "south"):
         assert label.encode() not in blob
+    # the kept channels are public facts: each variable's published law (its declared categories among them)
+    kept = json.loads((folder / panel.KEPT_FILE).read_text())["variables"]
+    assert sorted(kept) == ["colour", "score", "size"]
+    assert all(set(r) == {"release", "spec", "law"} and r["release"] == 1 for r in kept.values())
+    assert kept["colour"]["law"][0]["categories"] == DOMAINS["colour"]
+    assert kept["colour"]["law"][0]["matrix"] == CUSTOM.tolist()
+    text = (folder / panel.KEPT_FILE).read_text()
+    assert not any(str(k) in text for k in keys[:200])
     z = panel.read_ledger(folder / panel.STATE_FILE)
     ints = np.concatenate([a.view(np.int64).ravel() for a in z.values() if a.dtype.kind in "iu"])
     assert not np.isin(keys, ints).any()
@@ -231,15 +240,19 @@ NOISE_FIXED = {"accepted lower": dict(VARIABLES["gamma-noise"], bounds=[-1000, 1
                            "bounds": [-1000, 1000]}}   # the protection met, measured on each source
 
 
-@pytest.mark.parametrize("fixed", [None, "accepted lower", "checked"])
-def test_noise_whose_parameters_moved_with_the_source_is_said_to_be_drawn_afresh(tmp_path, fixed):
+@pytest.mark.parametrize("fixed, channels", [(None, "keep"), (None, "choose"), ("accepted lower", "choose"),
+                                             ("checked", "choose")])
+def test_noise_chosen_from_the_source_is_kept_or_said_to_be_drawn_afresh(tmp_path, fixed, channels):
     """A noise channel chosen from the source (its (theta, eta) optimised) moves when the source does, here by 2 %
-    newcomers: the next release draws every record's noise afresh, unchanged values included, and its summary
-    says so (the ledger keeps the fingerprints of the channels it does not charge, through its whole file and its
-    deltas). The same source again keeps the noise; so do parameters fixed in the spec, whether or not the
-    protection they reach is measured on each source (the measure moves with the source; the law does not)."""
+    newcomers. A population keeps it (`channels: keep`, the default): the next release reuses the kept (theta, eta)
+    with its protection measured on the new source, so every unchanged value keeps its noise. Choosing afresh
+    (`channels: choose`) draws every record's noise afresh, unchanged values included, and the summary says so (the
+    ledger keeps the fingerprints of the channels it does not charge, through its whole file and its deltas). The
+    same source again keeps the noise; so do parameters fixed in the spec, whether or not the protection they reach
+    is measured on each source (the measure moves with the source; the law does not)."""
     noise = NOISE_FIXED[fixed] if fixed else NOISE_FROM_SOURCE
-    spec_path = spec_file(tmp_path, [VARIABLES["rr-uniform"], noise])
+    spec_path = spec_file(tmp_path, [VARIABLES["rr-uniform"], noise],
+                          longitudinal={"key": "person_id", "channels": channels})
     a = population(2000)
     r1, _, _ = release_once(tmp_path, a, spec_path, seed=1)                                  # a whole ledger
     b = next_month(a, np.random.default_rng(5), changed=0.0)                                  # only newcomers
@@ -248,10 +261,124 @@ def test_noise_whose_parameters_moved_with_the_source_is_said_to_be_drawn_afresh
     kept = lambda x, y: float((x.merge(y, on="panel_id")["score_x"] ==                         # noqa: E731
                                x.merge(y, on="panel_id")["score_y"]).mean())
     assert s2["channel_changed"] == [] and s3["renewed"] == [] and kept(r2, r3) == 1.0
-    assert s2["renewed"] == ([] if fixed else ["score"])
-    assert kept(r1, r2) == (1.0 if fixed else 0.0)
+    renewed = fixed is None and channels == "choose"
+    assert s2["renewed"] == (["score"] if renewed else [])
+    assert kept(r1, r2) == (0.0 if renewed else 1.0)
+    assert s2["kept"] == ({"size": 1, "score": 1} if channels == "keep" else {})
     said = " ".join(panel.summary_lines(spec, s2))
-    assert ("noise drawn afresh" in said and "`score`" in said) is (fixed is None)
+    assert ("noise drawn afresh" in said and "`score`" in said) is renewed
+    assert ("kept from earlier releases" in said) is (channels == "keep")
+
+
+def test_kept_noise_is_measured_on_the_new_source_and_chosen_afresh_below_its_level(tmp_path):
+    """Kept noise has its protection measured on each source. Spread the values fivefold (every value changes):
+    the kept eta, chosen for the first spread, would pin the new values down (the level is relative to sd(X)),
+    so the noise is chosen afresh and the summary says why."""
+    spec_path = spec_file(tmp_path, [NOISE_FROM_SOURCE])
+    a = population(2000)
+    release_once(tmp_path, a, spec_path, seed=1)
+    b = a.assign(score=a["score"] * 5)
+    spec = load_spec(spec_path).on_engine("memory")
+    b.to_csv(tmp_path / "src.csv", index=False)
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 2))
+    (moved,) = release.choose_channels(spec, profile, 2)
+    assert moved.kept_from == 0 and "no longer meets the protection level" in moved.rechosen
+    assert moved.channel.details["protection_met"] if "protection_met" in moved.channel.details else True
+    first = panel.PanelStore(spec.resolve(spec.private_store), "people").kept_channels()["score"]["law"][0]
+    assert moved.channel.eta > 4 * first["eta"]      # chosen for the fivefold spread
+    _, s2, _ = release_once(tmp_path, b, spec_path, seed=2)
+    assert s2["rechosen"] == {"score": "its noise no longer meets the protection level on this source"}
+    assert s2["kept"] == {} and s2["renewed"] == ["score"]
+    assert "chosen afresh" in " ".join(panel.summary_lines(spec, s2))
+
+
+DP_PRIOR = {"column": "size", "channel": "pram-optimal", "alpha": 1.5, "prior": {"dp": 0.5}, "categories": SIZES}
+
+
+def test_a_population_keeps_a_channel_chosen_from_a_dp_prior_and_spends_its_epsilon0_once(tmp_path):
+    """pram-optimal from a differentially private prior (ε0 = 0.5): the first release reads the prior from the
+    source and charges every record ε + ε0; the next keeps the published matrix, reads no prior (its ε is the
+    matrix's alone) and charges only the changed and new records, ε each; its channels.json entry says which
+    release chose the matrix."""
+    spec_path = spec_file(tmp_path, [DP_PRIOR])
+    a = population(3000)
+    _, s1, spec = release_once(tmp_path, a, spec_path, seed=1)
+    first = panel.PanelStore(spec.resolve(spec.private_store), "people").kept_channels()["size"]
+    matrix = Channel.from_dict(first["law"][0]).matrix
+    eps = float(np.log(np.max(matrix[:, None, :] / matrix[None, :, :])))   # the largest log ratio in a column
+    assert s1["paid"] == len(a) and s1["largest_charge"] == pytest.approx(eps + 0.5, abs=1e-11)
+    b = next_month(a, np.random.default_rng(7), columns=("size",))
+    b.to_csv(tmp_path / "src.csv", index=False)
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 2))
+    kept = release.choose_channels(spec, profile, 2)
+    assert [a_.kept_from for a_ in kept] == [1] and kept[0].prior_spent == 0.0
+    assert kept[0].guarantee.epsilon == pytest.approx(eps, abs=1e-12)
+    assert np.array_equal(kept[0].channel.matrix, matrix)
+    entry = release.family_of(spec.variables[0]).channel_entries(spec, spec.variables[0], kept)[0]
+    assert entry["kept_from_release"] == 1 and entry["prior_epsilon"] == 0.0 and entry["prior_epsilon_at_choice"] == 0.5
+    from pram_lib.core.codec import check_entry
+    check_entry(entry)                       # its claims hold: the matrix's ε, no prior spent now
+    r2, s2, _ = release_once(tmp_path, b, spec_path, seed=2)
+    moved = int(((b["size"].iloc[:len(a)].to_numpy() != a["size"].to_numpy())).sum())
+    assert s2["kept"] == {"size": 1} and s2["channel_changed"] == []
+    assert s2["paid"] == moved + (len(b) - len(a)) and s2["largest_charge"] == pytest.approx(eps, abs=1e-11)
+    changed = (b["size"].iloc[:len(a)].to_numpy() != a["size"].to_numpy())
+    assert np.array_equal(losses(spec, a["person_id"]), units(eps + 0.5) + units(eps) * changed)
+
+
+def test_a_channel_chosen_again_from_a_dp_prior_charges_everyone_even_when_its_matrix_is_the_same(tmp_path):
+    """`channels: choose` with a DP prior: the second release reads a prior from every record again. The same
+    source under the same run seed (`--seed`) draws the same prior noise, so the law comes out the same; yet the
+    prior read every record again, so every record pays ε + ε0 again (before, nobody paid for it)."""
+    spec_path = spec_file(tmp_path, [DP_PRIOR], longitudinal={"key": "person_id", "channels": "choose"})
+    a = population(3000)
+    _, s1, spec = release_once(tmp_path, a, spec_path, seed=1)
+    fp1 = panel.PanelStore(spec.resolve(spec.private_store), "people").load().channels["size"]
+    _, s2, _ = release_once(tmp_path, a, spec_path, seed=1)
+    fp2 = panel.PanelStore(spec.resolve(spec.private_store), "people").load().channels["size"]
+    assert fp1 == fp2                                   # the same law: the case this test is about
+    assert s2["paid"] == len(a) and s2["largest_charge"] == pytest.approx(s1["largest_charge"], abs=1e-11)
+    assert s2["channel_changed"] == ["size"]
+
+
+@pytest.mark.parametrize("name", sorted(VARIABLES))
+def test_every_channel_of_the_registry_is_kept_exactly_by_a_population(tmp_path, name):
+    """Each registered channel's contract example, released twice to the same people: the second release keeps
+    the first's channel (its family rebuilds the law from what the population stored, and `keep_or_choose` checks
+    the rebuilt law equals it), so every value is released identically and nobody pays."""
+    v = VARIABLES[name]
+    spec_path = spec_file(tmp_path, [v])
+    a = population(1500)
+    r1, s1, _ = release_once(tmp_path, a, spec_path, seed=1)
+    r2, s2, _ = release_once(tmp_path, a, spec_path, seed=2)
+    key = v.get("name") or v.get("column") or "+".join(v["columns"])
+    assert list(s2["kept"].values()) == [1] and s2["rechosen"] == {}, (s2["kept"], s2["rechosen"], key)
+    assert s2["paid"] == 0 and s2["channel_changed"] == [] and s2["renewed"] == []
+    columns = [c for c in r1.columns if c in ("size", "colour", "region", "score")]
+    assert r1[columns].equals(r2[columns])
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda v: dict(v, alpha=2.0), "its spec entry changed"),
+    (lambda v: dict(v, strata=["region"]), "its spec entry changed"),
+])
+def test_a_kept_channel_whose_spec_entry_changed_is_chosen_afresh(tmp_path, change, why):
+    v = dict(DP_PRIOR, prior="uniform")
+    a = population(2000)
+    release_once(tmp_path, a, spec_file(tmp_path, [v], passthrough=["region"]), seed=1)
+    _, s2, spec = release_once(tmp_path, a, spec_file(tmp_path, [change(v)], passthrough=["region"]), seed=2)
+    assert s2["rechosen"] == {"size": why} and s2["kept"] == {} and s2["paid"] == len(a)
+
+
+def test_a_kept_channel_whose_strata_moved_is_chosen_afresh(tmp_path):
+    """A stratum gone from the source (every `south` record left): the kept channels no longer cover its strata."""
+    v = dict(DP_PRIOR, prior="uniform", strata=["region"])
+    spec_path = spec_file(tmp_path, [v], passthrough=["region"])
+    a = population(2000)
+    release_once(tmp_path, a, spec_path, seed=1)
+    _, s2, _ = release_once(tmp_path, a[a["region"] == "north"], spec_path, seed=2)
+    assert s2["rechosen"] == {"size": "its strata differ from those of the release that chose it"}
+
 
 # -- the privacy claim, by brute force on a small domain -----------------------------------------------------------
 def joint_law(channel: np.ndarray, history: tuple[int, ...]) -> dict[tuple[int, ...], float]:
