@@ -1174,9 +1174,12 @@ def summary_lines(spec, summary: dict) -> list[str]:
                      "missing (" + ", ".join(f"`{v}` {n:,}" for v, n in summary["blocked"].items()) + " rows); "
                      "estimates then describe the other records, which biases them if those records differ")
     if summary.get("kept"):
+        by_release: dict[int, list[str]] = {}
+        for v, r in summary["kept"].items():
+            by_release.setdefault(r, []).append(f"`{v}`")
         lines.append("channels kept from earlier releases of the population (the same law: an unchanged value is "
                      "released identically, and nothing was chosen from this source, a DP prior's ε0 included): " +
-                     ", ".join(f"`{v}` (chosen at release {r})" for v, r in summary["kept"].items()))
+                     "; ".join(f"from release {r}: {', '.join(vs)}" for r, vs in sorted(by_release.items())))
     if summary.get("rechosen"):
         lines.append("channels chosen afresh, the kept ones no longer fitting: " +
                      "; ".join(f"`{v}`: {why}" for v, why in summary["rechosen"].items()))

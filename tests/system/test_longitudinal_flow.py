@@ -53,15 +53,40 @@ def test_unchanged_values_are_released_identically_and_only_changes_pay(two_mont
         changed_any |= ~same & truth[f"{c}_y"].notna().to_numpy()   # a value that becomes missing costs nothing
         z1, z2 = (rel[f"{c}_{s}"].astype(object).fillna("(missing)").astype(str).to_numpy() for s in "xy")
         assert (z1[same] == z2[same]).all(), c
+    same = (truth["hours_per_week_x"] == truth["hours_per_week_y"]).to_numpy()
+    assert 0.95 < same.mean() < 1 and (rel["hours_per_week_x"].to_numpy()[same] ==
+                                       rel["hours_per_week_y"].to_numpy()[same]).all()   # the noise kept
     report = (two_months["folders"][1] / "report.md").read_text()
     joined = len(second) - len(truth)
     assert f"{joined:,} new" in report
     assert f"{int(changed_any.sum()) + joined:,} paid" in report
 
 
+def test_the_second_month_keeps_the_channels_the_first_chose_from_its_data(two_months):
+    """education's matrix (from a DP histogram, ε0 = 0.1) and hours_per_week's noise (optimised on the values)
+    are chosen in month 1 and kept in month 2: the same published law, no ε0 spent again, the noise's protection
+    measured on month 2's source; the report says so."""
+    import json
+
+    docs = [json.loads((f / "channels.json").read_text()) for f in two_months["folders"]]
+    entry = lambda doc, v: next(e for e in doc["channels"] if v in (e.get("variable"), *e.get("variables", [])))  # noqa: E731
+    for v in ("education", "hours_per_week"):
+        e1, e2 = entry(docs[0], v), entry(docs[1], v)
+        assert "kept_from_release" not in e1 and e2["kept_from_release"] == 1
+        law = ("keep", "matrix", "theta", "eta", "categories")
+        assert {k: e1.get(k) for k in law} == {k: e2.get(k) for k in law}
+    assert entry(docs[0], "education")["prior_epsilon"] == 0.1 and entry(docs[1], "education")["prior_epsilon"] == 0
+    assert docs[0]["epsilon_by_variable"]["education"] == pytest.approx(1.6, abs=1e-9)
+    assert docs[1]["epsilon_by_variable"]["education"] == pytest.approx(1.5, abs=1e-9)
+    assert entry(docs[1], "hours_per_week")["protection"]["level_met"] is True
+    report = (two_months["folders"][1] / "report.md").read_text()
+    assert "channels kept from earlier releases of the population" in report and "from release 1: " in report
+
+
 def test_the_reported_largest_cumulative_epsilon_is_the_ledgers(two_months):
     """Month 1: every record pays each variable once, so the largest cumulative ε is the spec's sum of levels
-    (ln 3 + 1.5 + 1 + 1 + 1 + ln 4). Month 2: the report says what the per-record ledger holds. The run's own
+    (ln 3 + 1.5 + 0.1 + 1 + 1 + 1 + ln 4, the DP prior's ε0 0.1 among them). Month 2 keeps education's matrix, so
+    a change pays 1.5 there; the report says what the per-record ledger holds. The run's own
     reservation in the population's ledger (the gate-refusal charge ln(1/(1 - β))) is no ε spent before the
     release: it used to be added to every record (6.986 reported against 6.985 charged)."""
     import math
@@ -69,13 +94,13 @@ def test_the_reported_largest_cumulative_epsilon_is_the_ledgers(two_months):
     from pram_lib.spec import load_spec, static_budget
 
     spec = load_spec(two_months["tmp"] / "monthly.yaml")
-    levels = math.log(3) + 1.5 + 1 + 1 + 1 + math.log(4)
+    levels = math.log(3) + 1.5 + 0.1 + 1 + 1 + 1 + math.log(4)
     assert static_budget(spec) == pytest.approx(levels, abs=1e-12)
     first, second = ((f / "report.md").read_text() for f in two_months["folders"])
     assert f"the largest cumulative ε of a record is {levels:.4g} of the cap" in first
     state = panel.PanelStore(two_months["tmp"] / "private", spec.population.key).load()
     largest = float(state.loss.max()) / panel.PICO
-    assert levels < largest <= 2 * levels
+    assert levels < largest <= 2 * levels - 0.1   # nobody pays the prior's ε0 twice
     assert f"the largest cumulative ε of a record is {largest:.4g} of the cap" in second
 
 
