@@ -143,6 +143,10 @@ def keep_or_choose(spec: ReleaseSpec, i: int, v, profile: Profile, seed: int, re
                 kept = family.keep(spec, i, v, profile, record["law"], record["release"])
             except NotKept as exc:
                 why = str(exc)
+            except SpecError:
+                raise
+            except (KeyError, TypeError, ValueError) as exc:   # a law the store holds damaged: chosen afresh
+                why = f"its kept law could not be read ({type(exc).__name__})"
             else:
                 if law_json(family.channel_law(spec, v, kept)) == law_json(record["law"]):
                     return kept

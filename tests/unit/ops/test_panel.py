@@ -370,6 +370,26 @@ def test_a_kept_channel_whose_spec_entry_changed_is_chosen_afresh(tmp_path, chan
     assert s2["rechosen"] == {"size": why} and s2["kept"] == {} and s2["paid"] == len(a)
 
 
+def test_damaged_kept_channels_are_refused_at_the_population_or_a_damaged_law_chosen_afresh(tmp_path):
+    """A kept-channels file that is not one is refused, located at `population.key`, with the fix; a law inside a
+    well-formed file that no family can rebuild is chosen afresh, and the summary says so."""
+    spec_path = spec_file(tmp_path, [dict(DP_PRIOR, prior="uniform")])
+    a = population(500)
+    _, _, spec = release_once(tmp_path, a, spec_path, seed=1)
+    kept_file = tmp_path / "private" / panel.PANEL_FOLDER / "people" / panel.KEPT_FILE
+    good = kept_file.read_text()
+    kept_file.write_text("{not json")
+    profile = stream.finish_profile(spec, stream.profile_pass(spec, 2))
+    with pytest.raises(SpecError) as e:
+        release.choose_channels(spec, profile, 2)
+    assert e.value.field == "population.key" and panel.KEPT_FILE in e.value.problem and "delete it" in e.value.fix
+    doc = json.loads(good)
+    del doc["variables"]["size"]["law"][0]["keep"]
+    kept_file.write_text(json.dumps(doc))
+    _, s2, _ = release_once(tmp_path, a, spec_path, seed=2)
+    assert s2["kept"] == {} and s2["rechosen"]["size"].startswith("its kept law could not be read")
+
+
 def test_a_kept_channel_whose_strata_moved_is_chosen_afresh(tmp_path):
     """A stratum gone from the source (every `south` record left): the kept channels no longer cover its strata."""
     v = dict(DP_PRIOR, prior="uniform", strata=["region"])
