@@ -338,7 +338,7 @@ class ReleaseRun:
                 lines.append(f"| guarantee | {gate_guarantee(spent, spec.validation.level)} |")
             if spec.population is not None:
                 lines.append(f"| population {spec.population.key} | {self._ledger_line()} |")
-            if self.panel is not None:
+            if self.panel is not None and self.folder is not None:   # published: its figures are in its report
                 from pram_lib.ops.panel import summary_lines
 
                 lines += [f"| longitudinal | {line} |" for line in summary_lines(spec, self.panel)]
