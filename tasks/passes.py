@@ -110,8 +110,9 @@ def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed
     if plan is not None:
         with about_the_spec():
             saved_plan.check(plan, spec, source_sha256, out)
-    for a in out:
-        get_run_logger().info("%s [%s]: %r", a.column, a.stratum_label, a.channel)
+    for v in spec.variables:   # what the spec states: a channel chosen from the data is public once published
+        get_run_logger().info("%s: %s%s", v.key, v.channel, f" (a channel per stratum of {', '.join(v.strata)})"
+                              if getattr(v, "strata", None) else "")
     return out
 
 
