@@ -76,7 +76,9 @@ class NoiseVariable(OneColumn):
     point_masses: list[float] = Field(default_factory=list)
     resolution: float | None = Field(default=None, gt=0)
     bounds: tuple[float, float] | None = None
-    accept_lower_protection: bool = False  # a fixed eta may reach a weaker level than `protection:` (reported)
+    # a fixed eta, or kept noise of a longitudinal population on a later source, may reach a weaker level than
+    # `protection:` (reported)
+    accept_lower_protection: bool = False
     missing: Literal["keep"] = "keep"      # missing values stay missing
 
     @classmethod
@@ -125,9 +127,6 @@ class NoiseVariable(OneColumn):
     def _rules(self) -> "NoiseVariable":
         if self.eta is not None and self.protection is not None:
             raise ValueError("give either a fixed `eta:` or a `protection:` level to meet, not both")
-        if self.accept_lower_protection and self.eta is None:
-            raise ValueError("`accept_lower_protection:` is for a fixed `eta:` (an optimised eta always meets "
-                             "the level); drop it")
         if self.bounds is not None and not self.bounds[0] < self.bounds[1]:
             raise ValueError("bounds must be [lower, upper] with lower < upper")
         return self
@@ -209,6 +208,12 @@ def window(v, channel) -> float:
     return v.level.Q * float(sigma) if sigma is not None else 0.0
 
 
+def lower_level_accepted(v, details: dict) -> bool:
+    """The spec accepts a level below `protection:`: for a fixed η, or for kept noise that falls short on this
+    source (the measure of its choice is `details`)."""
+    return bool(v.accept_lower_protection) and (v.eta is not None or details.get("protection_met") is False)
+
+
 def released_level_checks(v, a: Assignment, stats: NoiseStats) -> list[dict]:
     """The level on the values actually released: the share of released values within Q·σ̂ of their true value.
     It is the average over z of P(|X - Z| < Q·σ̂ | Z = z), so at most sup_z of it: a share above δ means the
@@ -216,7 +221,7 @@ def released_level_checks(v, a: Assignment, stats: NoiseStats) -> list[dict]:
     masses or a vanishing resolution). Over every row, exactly; allowed above δ by 4 binomial sds (a release
     meeting the level has an expected share <= δ). A fixed η whose lower level was accepted is not refused."""
     inside, n = stats.within
-    if n == 0 or (v.eta is not None and v.accept_lower_protection):
+    if n == 0 or lower_level_accepted(v, a.channel.details):
         return []
     delta = v.level.delta
     ok = inside <= n * delta + 4.0 * math.sqrt(n * delta * (1.0 - delta))
@@ -401,7 +406,7 @@ def _protection_reached(v, details: dict, delta: float) -> dict:
            "level_met": bool(sup <= delta + PROTECTION_TOLERANCE),
            "fixed": v.eta is not None, "accept_lower_protection": bool(v.accept_lower_protection),
            "released_values_check": (
-               "not checked: a lower level was accepted" if v.eta is not None and v.accept_lower_protection else
+               "not checked: a lower level was accepted" if lower_level_accepted(v, details) else
                "passed: at most delta of the released values lie within Q*sd(X) of their true value (the gate's "
                "exact check over every row; a release failing it is not published)")}
     if "as_is_sup_M_at_choice" in details:
@@ -568,6 +573,12 @@ class Noise(Family):
         self.entries = entries
 
     def check_spec(self, spec, i, v):
+        if v.accept_lower_protection and v.eta is None and (spec.longitudinal is None or
+                                                            spec.longitudinal.channels != "keep"):
+            raise spec.error(("variables", i, "accept_lower_protection"), "`accept_lower_protection:` is for a fixed "
+                             "`eta:`, or for optimised noise a longitudinal population keeps (`longitudinal: "
+                             "{channels: keep}`): an optimised eta meets the level when it is chosen", True,
+                             "drop it, or fix `eta:`")
         self.entries[v.channel].check(spec, i, v)
 
     def static_epsilon(self, v):

@@ -292,6 +292,43 @@ def test_kept_noise_is_measured_on_the_new_source_and_chosen_afresh_below_its_le
     assert "chosen afresh" in " ".join(panel.summary_lines(spec, s2))
 
 
+@pytest.mark.parametrize("accept", [False, True])
+def test_kept_noise_below_its_level_is_chosen_afresh_or_kept_where_the_spec_accepts_it(tmp_path, accept):
+    """Newcomers with scores 4 times the others' spread the source, so the kept eta falls below the level on it.
+    By default the noise is chosen afresh (a second draw for every unchanged value, said in the summary); with
+    `accept_lower_protection: true` the population keeps it: every unchanged value keeps its draw, and the level
+    reached on this source is published with `level_met: false`."""
+    noise = dict(NOISE_FROM_SOURCE, bounds=[-1e5, 1e5], **({"accept_lower_protection": True} if accept else {}))
+    spec_path = spec_file(tmp_path, [noise])
+    a = population(2000)
+    r1, _, spec = release_once(tmp_path, a, spec_path, seed=1)
+    b = next_month(a, np.random.default_rng(5), changed=0.0)
+    b.loc[len(a):, "score"] = b.loc[len(a):, "score"] * 4
+    b.to_csv(tmp_path / "src.csv", index=False)
+    (ch,) = release.choose_channels(spec, stream.finish_profile(spec, stream.profile_pass(spec, 2)), 2)
+    r2, s2, _ = release_once(tmp_path, b, spec_path, seed=2)
+    same = r1.merge(r2, on="panel_id")
+    kept = float((same["score_x"] == same["score_y"]).mean())
+    if accept:
+        assert ch.kept_from == 1 and ch.channel.details["protection_met"] is False
+        assert s2["kept"] == {"score": 1} and s2["renewed"] == [] and kept == 1.0
+        entry = release.family_of(spec.variables[0]).channel_entries(spec, spec.variables[0], [ch])[0]
+        assert entry["protection"]["level_met"] is False and entry["protection"]["sup_M_reached"] > 0.9
+        assert entry["protection"]["released_values_check"].startswith("not checked")
+    else:
+        assert ch.kept_from == 0 and "no longer meets" in ch.rechosen
+        assert s2["renewed"] == ["score"] and kept == 0.0
+
+
+def test_accept_lower_protection_of_optimised_noise_needs_a_population_that_keeps_it(tmp_path):
+    spec_path = spec_file(tmp_path, [dict(NOISE_FROM_SOURCE, accept_lower_protection=True)],
+                          longitudinal={"key": "person_id", "channels": "choose"})
+    population(100).to_csv(tmp_path / "src.csv", index=False)
+    with pytest.raises(SpecError) as e:
+        load_spec(spec_path)
+    assert e.value.field == "variables[0].accept_lower_protection" and "fix `eta:`" in e.value.fix
+
+
 DP_PRIOR = {"column": "size", "channel": "pram-optimal", "alpha": 1.5, "prior": {"dp": 0.5}, "categories": SIZES}
 
 
