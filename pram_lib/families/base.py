@@ -31,7 +31,7 @@ class ChunkStats(Protocol):
     def __add__(self, other: Any) -> Any: ...
 
 
-KEPT_KEYS = ("kept_from_release", "prior_epsilon_at_choice")   # in a kept channel's entries, not in its law
+KEPT_KEYS = ("kept_from_release", "prior_epsilon_at_choice", "epsilon_dependence_at_choice")   # not in a law
 
 
 class NotKept(Exception):

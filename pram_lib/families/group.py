@@ -12,7 +12,7 @@ from abc import abstractmethod
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
 import numpy as np
@@ -588,15 +588,22 @@ class Group(Family):
         return out
 
     def channel_law(self, spec, v, assignments):   # nothing measured on the source but what chose it
-        return [{k: x for k, x in e.items() if k not in KEPT_KEYS} for e in self.channel_entries(spec, v, assignments)]
+        (a,) = assignments
+        if a.kept_from:   # as chosen: with the ε its clusters' dependence was measured at
+            a = replace(a, channel=replace(a.channel, epsilon_dependence=a.prior_epsilon), prior_epsilon=0.0,
+                        kept_from=0)
+        return [{k: x for k, x in e.items() if k not in KEPT_KEYS} for e in self.channel_entries(spec, v, [a])]
 
     def keep(self, spec, i, v, profile, law, release):
+        """The kept clusters; a dependence measured on randomized data is not measured again, so its ε is spent
+        at the release that chose them only (held as the assignment's ε at choice)."""
         (e,) = law
         ch = mr.GroupChannel.from_dict(e)
         gp = profile.groups[v.key]
         if [[str(c) for c in cats] for cats in ch.categories] != [[str(c) for c in cats] for cats in gp.categories]:
             raise NotKept("its attributes' categories differ from those of the release that chose it")
-        return [Assignment(v.key, NO_STRATUM, (), ch, e["prior"], 0.0, kept_from=release)]
+        return [Assignment(v.key, NO_STRATUM, (), replace(ch, epsilon_dependence=0.0), e["prior"],
+                           ch.epsilon_dependence, kept_from=release)]
 
     def channel_entries(self, spec, v, assignments):
         (a,) = assignments
@@ -610,7 +617,7 @@ class Group(Family):
         if v.target_details is not None:
             d["details"] = {**d.get("details", {}), "target": v.target_details}
         if a.kept_from:
-            d["kept_from_release"] = a.kept_from
+            d.update(kept_from_release=a.kept_from, epsilon_dependence_at_choice=a.prior_epsilon)
         return [d]
 
     # -- accuracy planning ------------------------------------------------------------------------------------

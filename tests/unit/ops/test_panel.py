@@ -378,6 +378,30 @@ def test_a_channel_chosen_again_from_a_dp_prior_charges_everyone_even_when_its_m
     assert s2["channel_changed"] == ["size"]
 
 
+def test_clusters_measured_on_randomized_data_are_kept_and_their_epsilon_spent_once(tmp_path):
+    """rr-clusters measuring the attributes' dependence on randomized data (clustering.alpha = 0.5) spends
+    α + 0.5 at its first release; kept, the clusters are not measured again, so a changed cell pays α alone, and
+    channels.json says so (epsilon_dependence 0 now, 0.5 at choice)."""
+    from pram_lib.core.codec import check_entry
+
+    group = dict(VARIABLES["rr-clusters"], clustering={"alpha": 0.5})
+    spec_path = spec_file(tmp_path, [group])
+    a = population(2000)
+    _, s1, spec = release_once(tmp_path, a, spec_path, seed=1)
+    assert s1["largest_charge"] == pytest.approx(3.5, abs=1e-11)
+    b = next_month(a, np.random.default_rng(9), columns=("size",))
+    b.to_csv(tmp_path / "src.csv", index=False)
+    (kept,) = release.choose_channels(spec, stream.finish_profile(spec, stream.profile_pass(spec, 2)), 2)
+    assert kept.kept_from == 1 and kept.guarantee.epsilon == pytest.approx(3.0, abs=1e-12)
+    entry = release.family_of(spec.variables[0]).channel_entries(spec, spec.variables[0], [kept])[0]
+    assert entry["epsilon_dependence"] == 0 and entry["epsilon_dependence_at_choice"] == 0.5
+    check_entry(entry)
+    _, s2, _ = release_once(tmp_path, b, spec_path, seed=2)
+    moved = int((b["size"].iloc[:len(a)].to_numpy() != a["size"].to_numpy()).sum())
+    assert list(s2["kept"].values()) == [1]
+    assert s2["paid"] == moved + (len(b) - len(a)) and s2["largest_charge"] == pytest.approx(3.0, abs=1e-11)
+
+
 @pytest.mark.parametrize("name", sorted(VARIABLES))
 def test_every_channel_of_the_registry_is_kept_exactly_by_a_population(tmp_path, name):
     """Each registered channel's contract example, released twice to the same people: the second release keeps
