@@ -68,7 +68,11 @@ def test_the_second_month_keeps_the_channels_the_first_chose_from_its_data(two_m
     measured on month 2's source; the report says so."""
     import json
 
+    from jsonschema import Draft202012Validator
+
     docs = [json.loads((f / "channels.json").read_text()) for f in two_months["folders"]]
+    for f, doc in zip(two_months["folders"], docs):   # each meets the schema shipped beside it
+        Draft202012Validator(json.loads((f / "channels.schema.json").read_text())).validate(doc)
     entry = lambda doc, v: next(e for e in doc["channels"] if v in (e.get("variable"), *e.get("variables", [])))  # noqa: E731
     for v in ("education", "hours_per_week"):
         e1, e2 = entry(docs[0], v), entry(docs[1], v)

@@ -17,15 +17,20 @@ import pandas as pd
 import pytest
 import yaml
 
+from jsonschema import Draft202012Validator
+
 from pram_lib.core.channel import Channel
+from pram_lib.core.jsonable import to_json
 from pram_lib.core.memo import KeyedPrf, record_ids
 from pram_lib.ops import panel
 from pram_lib.pipeline import release, stream
+from pram_lib.pipeline.publish import channels_document
 from pram_lib.spec import SpecError, load_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "contract"))
 from examples import DOMAINS, SIZES, VARIABLES, source  # noqa: E402
 
+CHANNELS_SCHEMA = Path(__file__).resolve().parents[3] / "pram_lib" / "schemas" / "channels.schema.json"
 CUSTOM = np.array(VARIABLES["pram-custom"]["matrix"])
 EPS_SIZE = math.log(4.0)                                   # rr-uniform, gamma 4
 EPS_COLOUR = float(np.log(np.max(CUSTOM[:, None, :] / CUSTOM[None, :, :])))   # max over z of T[x,z]/T[x',z]
@@ -417,6 +422,12 @@ def test_every_channel_of_the_registry_is_kept_exactly_by_a_population(tmp_path,
     assert s2["paid"] == 0 and s2["channel_changed"] == [] and s2["renewed"] == []
     columns = [c for c in r1.columns if c in ("size", "colour", "region", "score")]
     assert r1[columns].equals(r2[columns])
+    spec = load_spec(spec_path).on_engine("memory")        # its channels.json entries meet the shipped schema
+    kept = release.choose_channels(spec, stream.finish_profile(spec, stream.profile_pass(spec, 3)), 3)
+    assert all(a.kept_from == 1 for a in kept)
+    doc = json.loads(json.dumps(to_json(channels_document(spec, kept))))
+    assert all(e["kept_from_release"] == 1 for e in doc["channels"])
+    Draft202012Validator(json.loads(CHANNELS_SCHEMA.read_text())).validate(doc)
 
 
 @pytest.mark.parametrize("change, why", [
