@@ -95,6 +95,13 @@ class Assignment:
     def stratum_label(self) -> str:
         return stratum_label(self.strata_columns, self.stratum)
 
+    @property
+    def chosen_from(self) -> str:
+        """What the channel was chosen from, in the report's words: its prior, and for a kept channel the
+        population's release that chose it."""
+        return self.prior + (f" (chosen at release {self.kept_from} of the population, kept: nothing chosen from "
+                             "this source)" if self.kept_from else "")
+
 
 def stratum_label(columns: tuple, key: tuple) -> str:
     """'all' without strata, else 'sex=Female, region=<missing>'."""

@@ -600,7 +600,7 @@ class Categorical(Family):
         methods = sorted({a.channel.method for a in assignments})
         post = " | ".join(f"{100 * h_gamma(p, g):.1f}%" for p in PRIORS_FOR_REPORT)
         return [f"| `{v.column}` | {v.channel} | {len(assignments)} | {eps:.4g} | {g:.4g} | {'; '.join(methods)} | "
-                f"{assignments[0].prior} | {post} |"]
+                f"{assignments[0].chosen_from} | {post} |"]
 
     def check_line(self, a):
         c = a.channel

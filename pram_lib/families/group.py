@@ -521,7 +521,7 @@ class Group(Family):
         ch = assignments[0].channel
         post = " | ".join(f"{100 * h_gamma(p, ch.gamma):.1f}%" for p in PRIORS_FOR_REPORT)
         return [f"| `{v.key}` (group) | {v.channel} | 1 | {ch.epsilon:.4g} | {ch.gamma:.4g} | "
-                f"{len(ch.clusters)} clusters | {assignments[0].prior} | {post} |"]
+                f"{len(ch.clusters)} clusters | {assignments[0].chosen_from} | {post} |"]
 
     def report_section(self, spec, entries, numeric_summary):
         return report_section(spec, [a for _, alist in entries for a in alist], self.entries)

@@ -85,6 +85,8 @@ def test_the_second_month_keeps_the_channels_the_first_chose_from_its_data(two_m
     assert entry(docs[1], "hours_per_week")["protection"]["level_met"] is True
     report = (two_months["folders"][1] / "report.md").read_text()
     assert "channels kept from earlier releases of the population" in report and "from release 1: " in report
+    row = next(line for line in report.splitlines() if line.startswith("| `education` | pram-optimal |"))
+    assert "ε0 = 0.1" in row and "(chosen at release 1 of the population, kept" in row
 
 
 def test_the_reported_largest_cumulative_epsilon_is_the_ledgers(two_months):
