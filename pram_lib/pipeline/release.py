@@ -137,7 +137,7 @@ def keep_or_choose(spec: ReleaseSpec, i: int, v, profile: Profile, seed: int, re
     why = ""
     if record is not None:
         if record["spec"] != variable_digest(spec, v):
-            why = "its spec entry changed"
+            why = "its spec entry (or a public file it names) changed"
         else:
             try:
                 kept = family.keep(spec, i, v, profile, record["law"], record["release"])

@@ -431,8 +431,8 @@ def test_every_channel_of_the_registry_is_kept_exactly_by_a_population(tmp_path,
 
 
 @pytest.mark.parametrize("change, why", [
-    (lambda v: dict(v, alpha=2.0), "its spec entry changed"),
-    (lambda v: dict(v, strata=["region"]), "its spec entry changed"),
+    (lambda v: dict(v, alpha=2.0), "its spec entry (or a public file it names) changed"),
+    (lambda v: dict(v, strata=["region"]), "its spec entry (or a public file it names) changed"),
 ])
 def test_a_kept_channel_whose_spec_entry_changed_is_chosen_afresh(tmp_path, change, why):
     v = dict(DP_PRIOR, prior="uniform")
@@ -440,6 +440,22 @@ def test_a_kept_channel_whose_spec_entry_changed_is_chosen_afresh(tmp_path, chan
     release_once(tmp_path, a, spec_file(tmp_path, [v], passthrough=["region"]), seed=1)
     _, s2, spec = release_once(tmp_path, a, spec_file(tmp_path, [change(v)], passthrough=["region"]), seed=2)
     assert s2["rechosen"] == {"size": why} and s2["kept"] == {} and s2["paid"] == len(a)
+
+
+def test_a_kept_channel_whose_public_prior_file_changed_is_chosen_afresh(tmp_path):
+    """The spec entry names the same prior file, whose weights a curator updated: the matrix chosen for the old
+    weights is not kept (the digest covers the files an entry names); the same file again keeps it."""
+    weights = lambda w: pd.DataFrame({"category": SIZES, "probability": w}).to_csv(  # noqa: E731
+        tmp_path / "reference.csv", index=False)
+    weights([0.1, 0.2, 0.3, 0.4])
+    spec_path = spec_file(tmp_path, [dict(DP_PRIOR, prior={"file": "reference.csv"})])
+    a = population(1000)
+    release_once(tmp_path, a, spec_path, seed=1)
+    _, s2, _ = release_once(tmp_path, a, spec_path, seed=2)
+    assert s2["kept"] == {"size": 1}
+    weights([0.4, 0.3, 0.2, 0.1])
+    _, s3, _ = release_once(tmp_path, a, spec_path, seed=3)
+    assert s3["rechosen"] == {"size": "its spec entry (or a public file it names) changed"} and s3["kept"] == {}
 
 
 def test_damaged_kept_channels_are_refused_at_the_population_or_a_damaged_law_chosen_afresh(tmp_path):
