@@ -459,12 +459,6 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
                 panel_memo(spec, assignments, charge, run_id) if spec.longitudinal else None)
 
 
-def channel_fingerprints(spec: ReleaseSpec, assignments: list[Assignment]) -> dict[str, str]:
-    """Each variable's channel law as published (its channels.json entries, less what they say of the source:
-    the family's `channel_law`), hashed: a changed law is a new draw."""
-    return {v: law_fingerprint(law) for v, law in channel_laws(spec, assignments).items()}
-
-
 def channel_records(spec: ReleaseSpec, assignments: list[Assignment], releases: int) -> dict[str, dict]:
     """What a longitudinal population keeps of each variable's channel after this release (its `releases`-th):
     the release that chose it, the digest of its spec entry, its law; and why a channel it had was not kept."""
@@ -502,11 +496,12 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
         secret, state = store.secret(create), store.load()
     except PanelError as exc:
         raise spec.error(("population", "key"), str(exc), pop.key) from None
+    records = channel_records(spec, assignments, state.releases + 1)
     return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
                 ledger_for(spec).spent(pop.key, besides=run_id),
                 {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
-                channel_fingerprints(spec, assignments), keyed_noise_digest, store.noise_digest(),
-                channel_records(spec, assignments, state.releases + 1),
+                {v: law_fingerprint(r["law"]) for v, r in records.items()},   # a changed law is a new draw
+                keyed_noise_digest, store.noise_digest(), records,
                 frozenset(a.column for a in assignments if a.prior_spent))
 
 
