@@ -104,8 +104,9 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner, run: ReleaseRun, source
         sketch = map_fold(spec, "profile", profile_chunks_task, lambda chunks: dict(spec=spec, chunks=chunks,
                           seed=seed), refs, rows, lambda a, b: stream.merge_sketches(a, b, spec.engine.sample_rows),
                           runner)
-    else:
-        sketch = profile_pass_task(spec, seed, refs)
+    else:   # the chunks pass 1 reads, kept for pass 2 while they fit in engine.cache_mb
+        cache = stream.ChunkCache.for_spec(spec)
+        sketch = profile_pass_task(spec, seed, refs, cache)
     profile = finish_profile_task(spec, sketch)
     assignments = choose_channels_task(spec, profile, seed, run.plan, source_sha)
     plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), spec.engine.mode,
@@ -114,7 +115,7 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner, run: ReleaseRun, source
         totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: dict(plan=plan, chunks=chunks), refs,
                           profile.n_rows, lambda a, b: stream.merge_results([a, b]), runner)
     else:
-        totals = perturb_pass_task(plan)
+        totals = perturb_pass_task(plan, cache)
     return profile, assignments, plan, totals
 
 

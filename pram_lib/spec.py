@@ -204,6 +204,7 @@ class EngineSpec(_Strict):
     workers: int = Field(default=2, ge=1)                  # dask: processes of the local cluster
     address: str | None = None                             # dask: an existing scheduler, tcp://host:8786
     sample_rows: int = Field(default=200_000, ge=1_000)    # row sample for GX, noise choice, deconvolution
+    cache_mb: int = Field(default=512, ge=0)               # MiB of chunks pass 1 keeps for pass 2 (0: read twice)
 
     @model_validator(mode="after")
     def _address_needs_dask(self) -> "EngineSpec":

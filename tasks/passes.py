@@ -82,10 +82,11 @@ def open_source_task(spec: ReleaseSpec) -> tuple[str, list | None]:
 
 
 @step("profile-pass")
-def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs) -> stream.Sketch:
-    """Pass 1 in this process: every chunk in order (two at a time on threads where two cores are free)."""
+def profile_pass_task(spec: ReleaseSpec, seed: Seed, refs, cache: stream.ChunkCache | None = None) -> stream.Sketch:
+    """Pass 1 in this process: every chunk in order (two at a time on threads where two cores are free), kept in
+    `cache` for pass 2 while they fit."""
     progress = Progress(spec, "profile", sum(r.rows for r in refs) if refs else None)
-    sketch = stream.profile_pass(spec, seed.value, progress.advance)
+    sketch = stream.profile_pass(spec, seed.value, progress.advance, cache)
     progress.advance(0, final=True)
     return sketch
 
@@ -117,11 +118,11 @@ def choose_channels_task(spec: ReleaseSpec, profile: release.Profile, seed: Seed
 
 
 @step("perturb-pass")
-def perturb_pass_task(plan: stream.Plan) -> stream.ChunkResult:
+def perturb_pass_task(plan: stream.Plan, cache: stream.ChunkCache | None = None) -> stream.ChunkResult:
     """Pass 2 in this process: perturb and write every chunk in order (two at a time on threads where two cores
-    are free)."""
+    are free), those pass 1 kept in `cache` without reading them again."""
     progress = Progress(plan.spec, "perturb", plan.profile_rows)
-    totals = stream.perturb_pass(plan, progress.advance)
+    totals = stream.perturb_pass(plan, progress.advance, cache)
     progress.advance(0, final=True)
     return totals
 

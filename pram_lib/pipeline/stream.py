@@ -349,9 +349,94 @@ def profile_batch(spec: ReleaseSpec, chunks: list[tuple[ChunkRef, "ChunkRef | pd
     return _profile_chunks(spec, ((ref, load(spec, chunk, key=False)) for ref, chunk in chunks), seed, threads=1)
 
 
-def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None) -> Sketch:
-    """Pass 1 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
-    return _profile_chunks(spec, iter_chunks(spec, key=False), seed, on_chunk) or Sketch()
+def profile_pass(spec: ReleaseSpec, seed: int, on_chunk=None, cache: "ChunkCache | None" = None) -> Sketch:
+    """Pass 1 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each. With a `cache`,
+    the chunks read are kept in it for pass 2 (read with the longitudinal key, which pass 2 needs)."""
+    chunks = iter_chunks(spec, key=cache is not None)
+    sketch = _profile_chunks(spec, chunks if cache is None else cache.keeping(chunks), seed, on_chunk) or Sketch()
+    if cache is not None:
+        cache.complete = True
+    return sketch
+
+
+class ChunkCache:
+    """The chunks pass 1 read, kept in this process for pass 2 while they fit in `engine.cache_mb` MiB: pass 2 then
+    neither reads nor decodes the source again (a CSV source is parsed once), and both passes see the same rows.
+    Past the budget the chunks kept are dropped and pass 2 reads the source again. The chunks are the confidential
+    source: the cache is an object of the release's process, handed from pass 1 to pass 2, never a task's
+    result."""
+
+    def __init__(self, budget_bytes: int, rows: int | None = None):
+        self.budget, self.bytes, self.chunks, self.rows = budget_bytes, 0, [], rows   # rows: the source's, if known
+        self.dropped, self.complete = False, False
+
+    @classmethod
+    def for_spec(cls, spec: ReleaseSpec) -> "ChunkCache | None":
+        """A cache when the engine works in this process and the source's estimated size in memory fits the budget
+        (`memory`: always, the source is one chunk in memory anyway); else None."""
+        budget = spec.engine.cache_mb * 2 ** 20
+        if spec.engine.mode == "dask" or not budget:
+            return None
+        if spec.engine.mode == "memory":
+            return cls(1 << 62)
+        if source_bytes_estimate(spec) <= budget:
+            refs = plan_chunks(spec)
+            return cls(budget, sum(r.rows for r in refs) if refs is not None else None)
+        return None
+
+    def keeping(self, chunks: Iterator[tuple[ChunkRef, pd.DataFrame]]) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
+        """`chunks`, each kept as it passes, until the kept ones pass the budget, or the first chunk's size times
+        the source's rows (Parquet) would: then none is kept."""
+        seen = 0
+        for ref, df in chunks:
+            if not self.dropped:
+                self.bytes += int(df.memory_usage(index=False, deep=True).sum())
+                seen += len(df)
+                if self.bytes > self.budget or (self.rows and seen and self.bytes / seen * self.rows > self.budget):
+                    self.chunks, self.dropped = [], True
+                else:
+                    self.chunks.append((ref, df))
+            yield ref, df
+
+    def usable(self) -> bool:
+        """Whether pass 1 kept every chunk of the source."""
+        return self.complete and not self.dropped
+
+    def taken(self) -> Iterator[tuple[ChunkRef, pd.DataFrame]]:
+        """The kept chunks in order, each let go once handed out (pass 2's memory falls as it goes)."""
+        chunks, self.chunks = self.chunks, []
+        chunks.reverse()
+        while chunks:
+            yield chunks.pop()
+
+
+COMPRESSED_CSV_RATIO = 10   # a compressed CSV's text is taken as this many times its file (gzip makes CSV 4-10x smaller)
+
+
+def source_bytes_estimate(spec: ReleaseSpec) -> int:
+    """About what the columns a release reads take in memory. Parquet: rows times the width of each column as
+    pandas holds it (a dictionary-coded column: its codes; a fixed-width one: its width; text: its bytes in the
+    file's metadata, uncompressed, and an offset per row). CSV: the size of its text (about as large as the parsed
+    columns: a category becomes a small code, a number 8 bytes). An estimate: pass 1 counts what it keeps."""
+    path = spec.resolve(spec.source.path)
+    if spec.source.format != "parquet":
+        return path.stat().st_size * (1 if path.suffix.lower() in (".csv", ".txt", ".tsv") else COMPRESSED_CSV_RATIO)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    meta, schema, total = pf.metadata, pf.schema_arrow, 0
+    for name in needed_columns(spec, True):
+        t = schema.field(name).type
+        if name in _categorical_columns(spec) or pa.types.is_dictionary(t):   # read as a dictionary: codes
+            total += meta.num_rows * 2   # int8 codes up to 127 categories, int16 beyond
+        elif getattr(t, "bit_width", 0) >= 8:
+            total += meta.num_rows * t.bit_width // 8
+        else:
+            j = schema.get_field_index(name)
+            total += meta.num_rows * 8 + sum(meta.row_group(g).column(j).total_uncompressed_size
+                                             for g in range(meta.num_row_groups))
+    return total
 
 
 def merge_sketches(a: Sketch, b: Sketch, sample_rows: int | None = None) -> Sketch:
@@ -630,9 +715,11 @@ def perturb_batch(plan: Plan, chunks: list[tuple[ChunkRef, "ChunkRef | pd.DataFr
     return _perturb_chunks(plan, ((ref, load(plan.spec, chunk)) for ref, chunk in chunks), threads=1)
 
 
-def perturb_pass(plan: Plan, on_chunk=None) -> ChunkResult:
-    """Pass 2 over the whole source, chunk after chunk; `on_chunk(rows, chunks_done)` after each."""
-    return _perturb_chunks(plan, iter_chunks(plan.spec), on_chunk)
+def perturb_pass(plan: Plan, on_chunk=None, cache: ChunkCache | None = None) -> ChunkResult:
+    """Pass 2 over the whole source, chunk after chunk (the chunks pass 1 kept in `cache`, if it kept them all);
+    `on_chunk(rows, chunks_done)` after each."""
+    chunks = cache.taken() if cache is not None and cache.usable() else iter_chunks(plan.spec)
+    return _perturb_chunks(plan, chunks, on_chunk)
 
 
 def part_files(chunk: int | None, data_formats: list[str]) -> list[str]:
