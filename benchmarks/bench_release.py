@@ -112,7 +112,8 @@ PHASES = {  # task name -> phase of the breakdown table (other tasks of the run 
     "profile-pass": "pass 1: profile", "profile-chunks": "pass 1: profile",
     "choose-channels": "choose channels",
     "perturb-pass": "pass 2: perturb + write", "perturb-chunks": "pass 2: perturb + write",
-    "estimate": "estimate", "validate": "validate (GX + exact)", "publish": "publish (report, manifest)",
+    "estimate": "estimate + validate (side by side)", "validate": "estimate + validate (side by side)",
+    "publish": "publish (report, manifest)",
 }
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow
+from prefect.futures import wait
 
 from pram_lib.ops.panel import population_lock
 from pram_lib.pipeline import sidecar, stream
@@ -81,9 +82,16 @@ def _release(run: ReleaseRun, spec) -> Path:
         source_unchanged_task(spec, source_sha)
         run.assignments = assignments
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
-        estimates, distributions, plot_files = estimate_task(spec, profile, plan, totals, stage, helpers)
-        validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers,
-                                                 seed_fixed=run.seed is not None))
+        # the estimates beside the gate (neither reads the other): the helper process runs the GX suite and half
+        # of the plots while this one draws the other half; waited for even when the gate refuses, so that no plot
+        # is drawn into a staging folder the failed run removes
+        estimating = estimate_task.submit(spec, profile, plan, totals, stage, helpers)
+        try:
+            validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers,
+                                                     seed_fixed=run.seed is not None))
+        finally:
+            wait([estimating])
+        estimates, distributions, plot_files = estimating.result()
         if spec.review.required:                        # paused until a reviewer answers in the UI
             run.signed_off(sign_off_task(spec, run.review_summary(validation)))
         settle_panel_task(spec, plan, totals)           # a longitudinal population's per-record ledger

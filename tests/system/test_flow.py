@@ -235,6 +235,40 @@ def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path,
     assert entries[-1]["event"] == "release-failed" and "ValidationGateFailed" in entries[-1]["error"]
 
 
+def test_a_refused_release_waits_for_the_plots_drawn_beside_its_gate(prefect_server, tmp_path, monkeypatch):
+    """The estimates are drawn beside the gate; here the plots start only once the gate has refused. The run waits
+    for them before it removes its staging folder: every plot is written whole into the staging folder, and
+    nothing is left."""
+    import threading
+
+    from flows.release import ValidationGateFailed, run_release
+    from pram_lib.pipeline import publish, stream
+
+    monkeypatch.setenv("PRAM_NO_SIDECAR", "1")   # every plot in this process, where the patch below applies
+    refused, drawn = threading.Event(), []
+    real_gate, real_draw = stream.run_gate_totals, publish.draw_plots
+
+    def gate(*args, **kwargs):
+        result = real_gate(*args, **kwargs)
+        refused.set()
+        return result
+
+    def draw(stage, *args, **kwargs):
+        assert refused.wait(60)
+        files = real_draw(stage, *args, **kwargs)
+        drawn.append(bool(files) and all((stage.tmp / f).is_file() for f in files))
+        return files
+
+    monkeypatch.setattr(stream, "run_gate_totals", gate)
+    monkeypatch.setattr(publish, "draw_plots", draw)
+    synth.lose_a_row(monkeypatch)
+    with pytest.raises(ValidationGateFailed, match="row"):
+        run_release(str(demo_spec(tmp_path)))
+    assert drawn and all(drawn)
+    out = tmp_path / "releases"
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_the_demo_release_shows_the_epsilon_audit_beside_every_epsilon(demo_release):
     """Every ε-LDP channel of the demo (5 variables, occupation's 2 strata, the household's 2 clusters) carries its
     audit in channels.json, at most its claim, and the report states each bound beside its claim."""
