@@ -17,7 +17,7 @@ from tasks.passes import (choose_channels_task, finish_profile_task, map_fold, o
 from tasks.privacy import Seed, StepFailed, ValidationGateFailed, about_the_spec, fixed_seed  # noqa: F401
 from tasks.results import (estimate_task, internal_report_task, publish_task, settle_panel_task, stage_task,
                            validate_task)
-from tasks.cancel import armed
+from tasks.cancel import armed, cancellation_held
 from tasks.review import sign_off_task
 from tasks.run import FLOW_VERSION, GIT_COMMIT, ReleaseRun, release_named_in  # noqa: F401
 from tasks.run_log import (load_spec_task, population_slot, published_before_task, reserve_budget_task,
@@ -82,16 +82,16 @@ def _release(run: ReleaseRun, spec) -> Path:
         source_unchanged_task(spec, source_sha)
         run.assignments = assignments
         run.record.update(source_sha256=source_sha, rows=profile.n_rows, engine=run.engine, chunks=len(totals.chunks))
-        # the estimates beside the gate (neither reads the other): the helper process runs the GX suite and half
-        # of the plots while this one draws the other half; waited for even when the gate refuses, so that no plot
-        # is drawn into a staging folder the failed run removes
-        estimating = estimate_task.submit(spec, profile, plan, totals, stage, helpers)
+        # the gate beside the estimates (neither reads the other): the helper process runs the GX suite and half of
+        # the plots while this thread draws the other half (a cancellation from the UI interrupts the estimates
+        # here); the gate's step has ended before the run goes on or, failed, removes its staging folder
+        validating = validate_task.submit(spec, profile, plan, totals, stage, helpers, seed_fixed=run.seed is not None)
         try:
-            validation = run.validated(validate_task(spec, profile, plan, totals, stage, helpers,
-                                                     seed_fixed=run.seed is not None))
+            estimates, distributions, plot_files = estimate_task(spec, profile, plan, totals, stage, helpers)
         finally:
-            wait([estimating])
-        estimates, distributions, plot_files = estimating.result()
+            with cancellation_held():
+                wait([validating])
+        validation = run.validated(validating.result())
         if spec.review.required:                        # paused until a reviewer answers in the UI
             run.signed_off(sign_off_task(spec, run.review_summary(validation)))
         settle_panel_task(spec, plan, totals)           # a longitudinal population's per-record ledger

@@ -35,6 +35,7 @@ class CancelWatch:
         self.enabled = False
         self.flow_run_id = None
         self.stop = threading.Event()
+        self.held, self.pending = False, False   # cancellation_held: a cancellation waits for the block's end
 
     def watch(self, flow_run_id) -> None:
         """Start watching this flow run (called by the run once it knows its id); nothing when not armed."""
@@ -74,7 +75,27 @@ WATCH: list[CancelWatch] = []
 
 
 def _raise_cancelled(signum, frame) -> None:
+    if WATCH and WATCH[-1].held:   # raised when the held block ends
+        WATCH[-1].pending = True
+        return
     raise CancelledFromUI()
+
+
+@contextlib.contextmanager
+def cancellation_held():
+    """A cancellation from the UI that arrives inside this block is raised when the block ends (the flow's thread,
+    waiting for a step that runs beside it, waits for all of it). Main thread only, like the signal."""
+    watch = WATCH[-1] if WATCH else None
+    if watch is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    watch.held = True
+    try:
+        yield
+    finally:
+        watch.held, came, watch.pending = False, watch.pending, False
+        if came:
+            raise CancelledFromUI()
 
 
 @contextlib.contextmanager

@@ -222,9 +222,10 @@ class ReleaseRun:
             self.record["validation_passed"] = False
         audited = self.spec is None and not Path(self.spec_path).is_file()  # no spec, no store: nothing to audit
         whole = getattr(original, "detail", original)   # the gate's refusal with its statistics
+        failed_step = {"failed_step": err.step} if err.step else {}   # else the journal's: the step it is in
         audited = audited or self._try("audit entry", audit_task, self.spec_path, "release-failed",
                             {**self.record, "engine": self.engine, "error": f"{kind}: {whole}",
-                             "finished": utc_now()})
+                             "finished": utc_now(), **failed_step})
         if self.reserved and not self.settled:   # a refused reservation leaves nothing to cancel
             self._try("ledger", settle_budget_task, self.spec, self.run_id, self.assignments, self.folder,
                       kind == "ValidationGateFailed" and self.folder is None)   # the gate's refusal is charged

@@ -3,8 +3,8 @@ plots.
 
 Importing GX takes 1.5-2.5 s, as long as a small release's whole data path, and drawing the plots about a
 second. A release enters :class:`Helpers` first: its worker imports GX and matplotlib while the release's
-process reads, profiles and perturbs; then the estimate step hands it half of the plots and collects them, and
-the validate step, beside it, hands it the suite and collects it (each step collects the side work it started).
+process reads, profiles and perturbs; then the validate step hands it the suite and collects it, and the
+estimate step, beside it, hands it half of the plots and collects them (each step collects the side work it started).
 
 Mechanism: the standard library's `concurrent.futures.ProcessPoolExecutor` with the "spawn" start method
 (`multiprocessing.get_context("spawn")`): a worker is a fresh interpreter, never a fork of the release's

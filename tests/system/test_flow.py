@@ -235,38 +235,42 @@ def test_gate_failure_publishes_nothing_and_is_audited(prefect_server, tmp_path,
     assert entries[-1]["event"] == "release-failed" and "ValidationGateFailed" in entries[-1]["error"]
 
 
-def test_a_refused_release_waits_for_the_plots_drawn_beside_its_gate(prefect_server, tmp_path, monkeypatch):
-    """The estimates are drawn beside the gate; here the plots start only once the gate has refused. The run waits
-    for them before it removes its staging folder: every plot is written whole into the staging folder, and
-    nothing is left."""
+def test_a_failed_estimate_waits_for_the_gate_beside_it_before_removing_the_staging_folder(prefect_server, tmp_path,
+                                                                                          monkeypatch):
+    """The gate runs beside the estimates. Here the estimates fail while the gate has not yet written its results
+    into the staging folder: the run waits for the gate's step to end before it removes the folder (the gate
+    waits up to 5 s for the folder to go; it never does), and then nothing is left."""
     import threading
+    import time
 
-    from flows.release import ValidationGateFailed, run_release
+    from flows.release import run_release
     from pram_lib.pipeline import publish, stream
 
-    monkeypatch.setenv("PRAM_NO_SIDECAR", "1")   # every plot in this process, where the patch below applies
-    refused, drawn = threading.Event(), []
-    real_gate, real_draw = stream.run_gate_totals, publish.draw_plots
+    monkeypatch.setenv("PRAM_NO_SIDECAR", "1")   # the GX suite in this process, beside the plots
+    failed, gate_saw = threading.Event(), []
+    real_gate = stream.run_gate_totals
 
-    def gate(*args, **kwargs):
-        result = real_gate(*args, **kwargs)
-        refused.set()
-        return result
+    def plots_fail(*_, **__):
+        failed.set()
+        raise RuntimeError("the plots failed")
 
-    def draw(stage, *args, **kwargs):
-        assert refused.wait(60)
-        files = real_draw(stage, *args, **kwargs)
-        drawn.append(bool(files) and all((stage.tmp / f).is_file() for f in files))
-        return files
+    def gate(spec, profile, plan, totals, out_dir, *args, **kwargs):
+        assert failed.wait(60)
+        staging, deadline = Path(out_dir).parent, time.monotonic() + 5
+        while staging.is_dir() and time.monotonic() < deadline:   # a guard, not a timing: the folder must stay
+            time.sleep(0.05)
+        gate_saw.append(staging.is_dir())
+        return real_gate(spec, profile, plan, totals, out_dir, *args, **kwargs)
 
     monkeypatch.setattr(stream, "run_gate_totals", gate)
-    monkeypatch.setattr(publish, "draw_plots", draw)
-    synth.lose_a_row(monkeypatch)
-    with pytest.raises(ValidationGateFailed, match="row"):
+    monkeypatch.setattr(publish, "draw_plots", plots_fail)
+    with pytest.raises(RuntimeError, match="the plots failed"):
         run_release(str(demo_spec(tmp_path)))
-    assert drawn and all(drawn)
+    assert gate_saw == [True]
     out = tmp_path / "releases"
     assert not out.exists() or not any(out.iterdir())
+    entries = [json.loads(x) for x in (tmp_path / "private" / "audit.jsonl").read_text().splitlines()]
+    assert entries[-1]["event"] == "release-failed" and entries[-1]["failed_step"] == "estimate"
 
 
 def test_the_demo_release_shows_the_epsilon_audit_beside_every_epsilon(demo_release):
