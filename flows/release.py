@@ -113,7 +113,7 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner, run: ReleaseRun, source
                           seed=seed), refs, rows, lambda a, b: stream.merge_sketches(a, b, spec.engine.sample_rows),
                           runner)
     else:   # the chunks pass 1 reads, kept for pass 2 while they fit in engine.cache_mb
-        cache = stream.ChunkCache.for_spec(spec)
+        cache = stream.ChunkCache.for_spec(spec, refs)
         sketch = profile_pass_task(spec, seed, refs, cache)
     profile = finish_profile_task(spec, sketch)
     assignments = choose_channels_task(spec, profile, seed, run.plan, source_sha)

@@ -371,16 +371,17 @@ class ChunkCache:
         self.dropped, self.complete = False, False
 
     @classmethod
-    def for_spec(cls, spec: ReleaseSpec) -> "ChunkCache | None":
+    def for_spec(cls, spec: ReleaseSpec, refs: list[ChunkRef] | None = None) -> "ChunkCache | None":
         """A cache when the engine works in this process and the source's estimated size in memory fits the budget
-        (`memory`: always, the source is one chunk in memory anyway); else None."""
+        (`memory`: always, the source is one chunk in memory anyway); else None. `refs`: the source's Parquet
+        chunks (plan_chunks), when already read."""
         budget = spec.engine.cache_mb * 2 ** 20
         if spec.engine.mode == "dask" or not budget:
             return None
         if spec.engine.mode == "memory":
             return cls(1 << 62)
         if source_bytes_estimate(spec) <= budget:
-            refs = plan_chunks(spec)
+            refs = refs if refs is not None else plan_chunks(spec)
             return cls(budget, sum(r.rows for r in refs) if refs is not None else None)
         return None
 
