@@ -118,7 +118,7 @@ def _chunk_passes(spec, seed: Seed, stage, refs, runner, run: ReleaseRun, source
     profile = finish_profile_task(spec, sketch)
     assignments = choose_channels_task(spec, profile, seed, run.plan, source_sha)
     plan = stream.make_plan(spec, profile, assignments, seed.value, Path(stage.tmp), spec.engine.mode,
-                            run_id=run.run_id)
+                            run_id=run.run_id, draft_ledger=runner is None)
     if runner is not None:
         totals = map_fold(spec, "perturb", perturb_chunks_task, lambda chunks: dict(plan=plan, chunks=chunks), refs,
                           profile.n_rows, lambda a, b: stream.merge_results([a, b]), runner)

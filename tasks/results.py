@@ -110,6 +110,8 @@ def settle_panel_task(spec, plan, totals) -> None:
                 totals.panel_summary = panel.settle(spec, plan.memo, totals.panel)
             except panel.NoiseKernelChanged as exc:
                 raise spec.error(("population", "key"), str(exc), spec.population.key, exc.fix) from None
+            except panel.SourceMoved as exc:
+                raise spec.error(("source", "path"), str(exc), str(spec.resolve(spec.source.path)), exc.fix) from None
             except panel.PanelError as exc:
                 raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
                                  "give each person one row; nothing was published or charged") from None

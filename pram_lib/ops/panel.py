@@ -15,6 +15,7 @@ would pass the population's cap has that variable released as missing (it pays n
 are in the order the releases met the records (a first release's rows in order, newcomers appended), with a tag
 index beside them (the tags sorted, and their rows): a release of the same people in the same order reads the
 ledger front to back, each row checked against its tag, and looks up only the rows out of place.
+A population's first release writes its ledger in place as pass 2 goes (pram_lib.ops.panel_file).
 A release that changes few records appends only what it changed (`records.delta`: framed blocks, each with
 its length and SHA-256, fsync'd) instead of rewriting the whole ledger; when the deltas pass a quarter of the
 ledger's size, the next release writes the ledger whole again (atomic: a temporary file renamed) and drops them.
@@ -43,6 +44,7 @@ import pandas as pd
 
 from pram_lib.core.epsilon import UNITS_PER_EPSILON, epsilon_units
 from pram_lib.core.memo import KeyedPrf, KeyedReplay, hash_to_uniform, record_ids, tag_of
+from pram_lib.ops.panel_file import LedgerDraft, drop_drafts
 
 PANEL_FOLDER = "panels"
 SECRET_FILE, STATE_FILE, LOCK_FILE, DELTA_FILE = "secret.key", "records.npy", "lock", "records.delta"
@@ -66,6 +68,16 @@ class NoiseKernelChanged(PanelError):
         self.fix = fix
 
 
+class SourceMoved(PanelError):
+    """Pass 2 met other rows than pass 1 counted: the source changed while it was read."""
+
+    fix = "rerun once the file is complete (write sources under a temporary name and rename them into place)"
+
+    def __init__(self, problem: str):
+        super().__init__(f"the source file changed while it was being read: {problem}; nothing was released or "
+                         "charged")
+
+
 class LedgerDamaged(PanelError):
     """The ledger's tag index sends a tag to a row that holds another: the file was damaged or written by something
     else (its arrays' sizes and the index's order are checked when it is read)."""
@@ -86,23 +98,26 @@ def bucket_bits(n: int) -> int:
     return max(1, int(n - 1).bit_length() - 3)
 
 
-def sort_tags(tags: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, int] | None]:
+def sort_tags(tags: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, int] | None]:
     """(the tags in increasing order, their positions, the bucket index of the sorted tags or None): np.argsort's
-    order for distinct tags. The C kernel `tag_sort` (a counting sort on the top bits, then each small bucket:
-    np.argsort took 2.2 s for 10^7 tags on the AMD EPYC of 2026-12-02, np.sort alone 0.8 s), else np.argsort."""
+    order for distinct tags, in `out` (contiguous uint64 and int64 arrays of the tags' size) if given. The C kernel
+    `tag_sort` (a counting sort on the top bits, then each small bucket: np.argsort took 2.2 s for 10^7 tags on the
+    AMD EPYC of 2026-12-02, np.sort alone 0.8 s), else np.argsort."""
     from pram_lib.core import fastpath
 
     tags = np.ascontiguousarray(tags, dtype=np.uint64)
+    ordered, rows = out or (np.empty(tags.size, dtype=np.uint64), np.empty(tags.size, dtype=np.int64))
     lib = fastpath.keep_uniform_kernel()
     if lib is not None and tags.size > 1:
         bits = bucket_bits(tags.size)
         index = np.empty((1 << bits) + 1, dtype=np.int64)
-        ordered, rows = np.empty(tags.size, dtype=np.uint64), np.empty(tags.size, dtype=np.int64)
         if lib["tag_sort"](tags.ctypes.data, tags.size, 64 - bits, 1 << bits, index.ctypes.data,
                            ordered.ctypes.data, rows.ctypes.data) == 0:
             return ordered, rows, (index, 64 - bits)
-    rows = np.argsort(tags)
-    return tags[rows], rows, None
+    rows[:] = np.argsort(tags)
+    np.take(tags, rows, out=ordered)
+    return ordered, rows, None
 
 
 @dataclass
@@ -342,13 +357,16 @@ class PanelStore:
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """One release of the population at a time, across processes."""
+        """One release of the population at a time, across processes. A first release's ledger draft lives only
+        while its release holds the lock: any found on taking or leaving it is a failed release's, removed."""
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         with os.fdopen(os.open(self.folder / LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
+                drop_drafts(self.folder)
                 yield
             finally:
+                drop_drafts(self.folder)
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def load(self) -> PanelState:
@@ -413,6 +431,11 @@ class PanelStore:
         release read and the deltas stay under a quarter of its size; else the whole ledger (`save_whole`; a
         Settlement makes it only then)."""
         settled = state if isinstance(state, Settlement) else Settlement.of(state)
+        if settled.draft is not None:   # a first release's ledger, written in place during pass 2
+            settled.draft.commit(ledger_header(settled.whole()), self.folder / STATE_FILE)
+            (self.folder / LEGACY_STATE_FILE).unlink(missing_ok=True)
+            (self.folder / DELTA_FILE).unlink(missing_ok=True)
+            return
         d, base = settled.delta, self.folder / STATE_FILE
         if d is not None and base.is_file() and not (self.folder / LEGACY_STATE_FILE).exists():
             blocks, end = read_deltas(self.folder / DELTA_FILE)
@@ -428,9 +451,7 @@ class PanelStore:
         rows; both empty when the rows are in tag order), then each variable's history; written straight from
         memory (no zip, no copy)."""
         names, table = last_pair_table(state)
-        header = {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
-                  "uncharged_channels": uncharged_channels(state.channels, names),
-                  "releases": int(state.releases), "largest": largest_units(state)}
+        header = ledger_header(state)
         ordered, by_tag = state.tag_index()
         if by_tag is None:   # the rows are in tag order: the index is the records themselves
             ordered, by_tag = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
@@ -453,6 +474,14 @@ SORTED_LEDGER_FORMAT = "pram-release per-record ledger 3"   # (2 and 3 read, the
 FLOAT_LEDGER_FORMAT = "pram-release per-record ledger 2"
 READABLE_FORMATS = (LEDGER_FORMAT, SORTED_LEDGER_FORMAT, FLOAT_LEDGER_FORMAT)
 LEDGER_ARRAYS = ("header", "records", "loss", "lasts", "sorted_tags", "by_tag")   # then history_j per variable
+
+
+def ledger_header(state: PanelState) -> dict:
+    """The ledger file's JSON header: its format, variables, their channels, its release count and largest ε."""
+    names = list(state.last)
+    return {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
+            "uncharged_channels": uncharged_channels(state.channels, names),
+            "releases": int(state.releases), "largest": largest_units(state)}
 
 
 def uncharged_channels(channels: dict[str, str], names: list[str]) -> dict[str, str]:
@@ -677,6 +706,7 @@ class Settlement:
     delta: PanelDelta | None
     largest: int                          # the ledger's largest cumulative pico-ε of a record afterwards
     _whole: PanelState | None = field(default=None, repr=False)
+    draft: LedgerDraft | None = field(default=None, repr=False)   # a first release's ledger, in its file already
 
     @classmethod
     def of(cls, state: PanelState) -> "Settlement":
@@ -734,6 +764,7 @@ class PanelChunk:
     largest_loss: float = 0.0   # the largest cumulative ε of a record after this release
     at_cap: int = 0             # the records whose next new value would pass the cap
     noise_kernels: frozenset[str] = frozenset()   # digests of the keyed-noise kernels that drew the chunks' noise
+    drafted: list[tuple[int, int]] = field(default_factory=list)   # (first row, rows) written to a ledger draft
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
         return PanelChunk(self.pos + other.pos, self.fresh + other.fresh, self.charge + other.charge,
@@ -741,7 +772,7 @@ class PanelChunk:
                           {v: n + other.changed.get(v, 0) for v, n in self.changed.items()},
                           {v: n + other.blocked.get(v, 0) for v, n in self.blocked.items()},
                           max(self.largest_loss, other.largest_loss), self.at_cap + other.at_cap,
-                          self.noise_kernels | other.noise_kernels)
+                          self.noise_kernels | other.noise_kernels, self.drafted + other.drafted)
 
 
 def _index_in(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -807,6 +838,7 @@ class Memo:
     drew_noise_with: str | None = None               # the digest of the kernel that drew the population's noise
     channels: dict[str, dict] = field(default_factory=dict, repr=False)   # variable -> its record to keep
     prior_read: frozenset = frozenset()  # variables whose channel this release chose from a DP prior of the source
+    draft: LedgerDraft | None = field(default=None, repr=False)   # a first release's ledger, filled by pass 2
     _kernel_here: str | None = field(default=None, init=False, repr=False, compare=False)   # noise_kernel(), once
 
     def check_noise_kernel(self) -> str:
@@ -851,6 +883,14 @@ class Memo:
         before = self.state.channels.get(variable)
         return bool(before) and (before != self.fingerprints[variable] or variable in self.prior_read)
 
+    def start_draft(self, folder: Path, rows: int) -> None:
+        """Write the ledger in place during pass 2 (`LedgerDraft`) when this is the population's first release of
+        `rows` records (an empty ledger; not for a prediction, nor chunks run in other processes)."""
+        if not self.state.records.size and rows > 0:
+            first = PanelState(releases=self.state.releases + 1, channels=dict(self.fingerprints),
+                               last={v: np.empty(0, dtype=np.uint64) for v in self.charged})
+            self.draft = LedgerDraft(folder, rows, self.charged, ledger_header(first))
+
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
         """The chunk's record ids (pram_lib.core.memo.record_ids; the PRF keys them before anything is stored)."""
         try:
@@ -879,6 +919,8 @@ class Memo:
         release's ledger is the release's rows in order: its ε and pairs written by release row (slices, no row
         numbers), and its tag index one sort (`sort_tags`)."""
         old = self.state
+        if self.draft is not None:
+            return self._draft_settled(chunks)
         first = not old.records.size and _in_order(chunks.fresh, sum(p.size for p in chunks.pos))
         if first:   # every row a newcomer, the parts in release order: no row numbers, no positions
             fresh_tags = _values(chunks.fresh, np.uint64)
@@ -895,15 +937,7 @@ class Memo:
             del hit
         newcomers, order, index = sort_tags(fresh_tags)   # the newcomers in tag order: the check, the tag index
         twice += int((newcomers[1:] == newcomers[:-1]).sum())
-        if twice:
-            raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
-                             "it is a statistic of the source): a longitudinal release has one row per person")
-        if len(chunks.noise_kernels) > 1:
-            raise NoiseKernelChanged("the chunks' workers drew the memoized noise with keyed-noise kernels that give "
-                                     f"other bits (digests {', '.join(sorted(chunks.noise_kernels))}); nothing was "
-                                     "released or charged",
-                                     "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on "
-                                     "none")
+        self._check_chunks(chunks, twice)
         if first:
             state, summary = self._first_settled(chunks, fresh_tags, newcomers, order)
             state._index = index
@@ -946,6 +980,39 @@ class Memo:
                 np.insert(before, np.searchsorted(before, added), added) if added.size else before
         state = PanelState(records, loss, last, history, dict(self.fingerprints), old.releases + 1, ordered, by_tag)
         return Settlement.of(state), self._summary(state.releases, chunks, pos.size, fresh_rows.size, _paid(paid))
+
+    def _check_chunks(self, chunks: PanelChunk, twice: int) -> None:
+        """Refuse a release whose key names a record `twice` or more, or whose chunks' noise kernels differ."""
+        if twice:
+            raise PanelError(f"the key column {self.key!r} names a record more than once (how often is not said: "
+                             "it is a statistic of the source): a longitudinal release has one row per person")
+        if len(chunks.noise_kernels) > 1:
+            raise NoiseKernelChanged("the chunks' workers drew the memoized noise with keyed-noise kernels that give "
+                                     f"other bits (digests {', '.join(sorted(chunks.noise_kernels))}); nothing was "
+                                     "released or charged",
+                                     "build the C kernel on every worker (`python -m pram_lib.core.fastpath`), or on "
+                                     "none")
+
+    def _draft_settled(self, chunks: PanelChunk) -> tuple[Settlement, dict]:
+        """`settlement` of a first release written in place (`start_draft`): the chunks must have covered the rows
+        pass 1 counted, each once; the tag index is sorted into the draft, and the ledger is the draft's arrays."""
+        draft, n, end = self.draft, self.draft.rows, 0
+        for start, rows in sorted(chunks.drafted):
+            if start != end:
+                break
+            end += rows
+        if end != n or sum(rows for _, rows in chunks.drafted) != n:
+            raise SourceMoved("pass 2 met other rows than pass 1 counted")
+        ordered, by_tag, index = sort_tags(draft.records, (draft.sorted_tags, draft.by_tag))
+        self._check_chunks(chunks, int(np.count_nonzero(ordered[1:] == ordered[:-1])))
+        state = PanelState(draft.records, draft.loss, {v: draft.lasts[:, j] for j, v in enumerate(draft.names)},
+                           {v: np.empty(0, dtype=np.uint64) for v in draft.names}, dict(self.fingerprints),
+                           self.state.releases + 1, ordered, by_tag)
+        state._index = index
+        settlement = Settlement.of(state)
+        settlement.draft = draft
+        return settlement, self._summary(state.releases, chunks, n, n,
+                                         (int(np.count_nonzero(draft.loss)), float(draft.loss.max())))
 
     def _delta(self, chunks: PanelChunk, pos: np.ndarray, fresh_rows: np.ndarray, fresh_tags: np.ndarray,
                paid_rows: np.ndarray, paid: np.ndarray, table: np.ndarray) -> PanelDelta:
@@ -1025,8 +1092,14 @@ class MemoChunk:
         self.loss = memo.base_units + ledger_loss
         self.charge = np.zeros(rid.size)
         self.known = pos >= 0
-        fresh = np.flatnonzero(~self.known)
-        self.out = PanelChunk([pos], [_sparse(start, fresh, rtag)], [])
+        self.draft = memo.draft
+        if self.draft is None:
+            self.out = PanelChunk([pos], [_sparse(start, np.flatnonzero(~self.known), rtag)], [])
+        elif start + rid.size > self.draft.rows:
+            raise SourceMoved("pass 2 met more rows than pass 1 counted")
+        else:   # a first release: every row a newcomer, its row the ledger's
+            self.draft.put_records(start, rtag)
+            self.out = PanelChunk([], [], [], drafted=[(start, rid.size)])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -1040,7 +1113,10 @@ class MemoChunk:
             return np.ones(h.size, dtype=bool)
         live = np.ascontiguousarray(live, dtype=bool)
         ok, moved, changed, blocked = self.account(variable, h, live)
-        self.out.pairs[variable] = [_sparse(self.start, moved, h)]   # the pairs that become the record's last
+        if self.draft is None:
+            self.out.pairs[variable] = [_sparse(self.start, moved, h)]   # the pairs that become the record's last
+        else:
+            self.draft.put_pairs(variable, self.start, moved, h)
         self.out.changed[variable] = changed
         self.out.blocked[variable] = blocked
         return ok
@@ -1102,8 +1178,10 @@ class MemoChunk:
 
     def finish(self) -> PanelChunk:
         """The chunk's accounting, once every variable is admitted."""
-        paid = np.flatnonzero(self.charge)
-        self.out.charge = [_sparse(self.start, paid, self.charge)]
+        if self.draft is None:
+            self.out.charge = [_sparse(self.start, np.flatnonzero(self.charge), self.charge)]
+        else:
+            self.draft.put_loss(self.start, self.charge)
         if self.rid.size:   # as the ledger will hold it: its ε before, plus this release's charges
             total = self.memo.base_units + (self.ledger_loss + self.charge)
             smallest = min((self.memo.units(v) for v in self.memo.charged), default=0.0)

@@ -35,7 +35,7 @@ from pram_lib.families.noise import estimate_distributions
 from pram_lib.channels.gamma_law import keyed_noise_digest
 from pram_lib.core.memo import KeyedPrf
 from pram_lib.ops.audit import seal_file, sha256_file
-from pram_lib.ops.panel import LedgerDamaged, Memo, NoiseKernelChanged, PanelChunk, PanelError, PanelStore
+from pram_lib.ops.panel import LedgerDamaged, Memo, NoiseKernelChanged, PanelChunk, PanelError, PanelStore, SourceMoved
 from pram_lib.pipeline import formats, sidecar
 from pram_lib.pipeline.release import (UNREADABLE, channel_laws, check_columns, csv_options, law_fingerprint,
                                        needed_columns, source_read_error, spent_by_variable, variable_digest)
@@ -531,10 +531,12 @@ class Plan:
 
 def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment], seed: int,
               out_dir: Path | None, engine: str = "stream", sample_all: bool = False, charge: bool = True,
-              run_id: str | None = None) -> Plan:
+              run_id: str | None = None, draft_ledger: bool = False) -> Plan:
     """What pass 2 needs. `sample_all`: the row sample is every row (the released table, in memory). Without
     `charge`, a longitudinal population's secret is not made (a prediction: `check`). `run_id`: the run whose
-    reservation in the population's ledger is this release's own (not ε spent before it)."""
+    reservation in the population's ledger is this release's own (not ε spent before it). `draft_ledger`: pass 2
+    runs in this process, under the population's lock, and is settled by `panel.settle`: a population's first
+    per-record ledger is written in place as the chunks go (`Memo.start_draft`)."""
     packages = set(spec.formats) & set(formats.WRITERS)
     return Plan(spec, seed, tuple(assignments), profile.n_rows,
                 {v.key: family_of(v).plan(v, profile) for v in spec.variables},
@@ -542,7 +544,8 @@ def make_plan(spec: ReleaseSpec, profile: Profile, assignments: list[Assignment]
                 None if out_dir is None else str(out_dir),
                 1.0 if sample_all else min(1.0, spec.engine.sample_rows / max(profile.n_rows, 1)), engine,
                 formats.release_labels(spec, profile, assignments) if packages else None,
-                panel_memo(spec, assignments, charge, run_id) if spec.longitudinal else None)
+                panel_memo(spec, assignments, charge, run_id, profile.n_rows if charge and draft_ledger else 0)
+                if spec.longitudinal else None)
 
 
 def channel_records(spec: ReleaseSpec, assignments: list[Assignment], releases: int) -> dict[str, dict]:
@@ -567,7 +570,7 @@ def predicted_charge(spec: ReleaseSpec, profile: Profile, assignments: list[Assi
 
 
 def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = True,
-               run_id: str | None = None) -> Memo:
+               run_id: str | None = None, draft_rows: int = 0) -> Memo:
     """A longitudinal release's memo: the population's secret and per-record ledger, each variable's ε per distinct
     value and channel fingerprint. The ε the population spent without per-record accounting counts for everyone;
     the run `run_id`'s own reservation does not (it holds the charge of a refusal by the gate, which publishes
@@ -583,12 +586,15 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
     except PanelError as exc:
         raise spec.error(("population", "key"), str(exc), pop.key) from None
     records = channel_records(spec, assignments, state.releases + 1)
-    return Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
+    memo = Memo(KeyedPrf(secret), state, spec.longitudinal.key, pop.cap,
                 ledger_for(spec).spent(pop.key, besides=run_id),
                 {v.key: float(spent.get(v.key, 0.0)) for v in spec.variables},
                 {v: law_fingerprint(r["law"]) for v, r in records.items()},   # a changed law is a new draw
                 keyed_noise_digest, store.noise_digest(), records,
                 frozenset(a.column for a in assignments if a.prior_spent))
+    if draft_rows:
+        memo.start_draft(store.folder, draft_rows)
+    return memo
 
 
 @dataclass
@@ -619,6 +625,8 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
         memo = None if plan.memo is None else plan.memo.chunk(df, ref.start)
     except LedgerDamaged as exc:
         raise spec.error(("population", "key"), str(exc), spec.population.key, exc.fix) from None
+    except SourceMoved as exc:
+        raise spec.error(("source", "path"), str(exc), str(spec.resolve(spec.source.path)), exc.fix) from None
     except PanelError as exc:
         raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
                          "give every person one key of whole numbers or text") from None

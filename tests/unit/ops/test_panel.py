@@ -774,6 +774,103 @@ def test_chunks_release_and_charge_exactly_as_one_chunk(tmp_path):
     assert np.array_equal(m_loss, s_loss)
 
 
+def release_drafted(folder: Path, df: pd.DataFrame, path: Path, seed: int, draft: bool, mode: str = "stream"):
+    """A release of `df` as the flow runs it in one process (`draft`: the first ledger written in place)."""
+    df.to_csv(folder / "src.csv", index=False)
+    spec = load_spec(path)
+    with panel.population_lock(spec):
+        profile = stream.finish_profile(spec, stream.profile_pass(spec, seed))
+        assignments = release.choose_channels(spec, profile, seed)
+        plan = stream.make_plan(spec, profile, assignments, seed, None, mode, sample_all=True, draft_ledger=draft)
+        totals = stream.perturb_pass(plan)
+        return totals.sample, panel.settle(spec, plan.memo, totals.panel), spec
+
+
+def shared_secret_store(folder: Path) -> None:
+    (folder / "private" / panel.PANEL_FOLDER / "people").mkdir(parents=True)
+    (folder / "private" / panel.PANEL_FOLDER / "people" / panel.SECRET_FILE).write_bytes(bytes(range(32)))
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_a_first_ledger_written_in_place_is_the_ledger_written_after(tmp_path, mode):
+    """A first release whose ledger is written into its file chunk by chunk (`draft_ledger`) releases the same rows,
+    reads back the same ledger (records, ε, last pairs, tag index, header) and charges the next release the same as
+    one whose ledger is gathered and written after pass 2; no draft is left beside it. A missing size pays nothing
+    and leaves the record no pair (0)."""
+    first = population(3500)
+    first.loc[::7, "size"] = None                      # missing values: rows whose pair stays 0
+    second = next_month(first, np.random.default_rng(8))
+    out = {}
+    for draft in (False, True):
+        folder = tmp_path / str(draft)
+        shared_secret_store(folder)
+        path = spec_file(folder, VARS, engine={"mode": mode, "chunk_rows": 1000})
+        a, sa, spec = release_drafted(folder, first, path, 1, draft)
+        store = panel.PanelStore(spec.resolve(spec.private_store), "people")
+        state = store.load()
+        with open(store.folder / panel.STATE_FILE, "rb") as f:
+            head = json.loads(np.load(f, allow_pickle=False).item())
+        assert not list(store.folder.glob(".records-draft-*"))
+        b, sb, _ = release_drafted(folder, second, path, 2, False)
+        out[draft] = a, sa, state, head, b, sb, losses(spec, second["person_id"])
+    (a0, s0, st0, h0, b0, t0, l0), (a1, s1, st1, h1, b1, t1, l1) = out[False], out[True]
+    pd.testing.assert_frame_equal(a0, a1)
+    pd.testing.assert_frame_equal(b0, b1)
+    assert s0 == s1 and t0 == t1 and h0 == h1
+    assert np.array_equal(l0, l1)
+    for name in ("records", "loss", "sorted_tags"):
+        assert np.array_equal(getattr(st0, name), getattr(st1, name)), name
+    assert np.array_equal(st0.tag_index()[1], st1.tag_index()[1])
+    assert list(st0.last) == list(st1.last) and all(np.array_equal(st0.last[v], st1.last[v]) for v in st0.last)
+    assert np.array_equal(st1.loss, units(EPS_SIZE) * (st1.last["size"] != 0) + units(EPS_COLOUR))
+    assert (st1.last["size"] == 0).sum() == first["size"].isna().sum() == 500
+
+
+def test_a_first_ledger_draft_is_removed_when_its_release_fails_or_was_killed(tmp_path):
+    """A release that fails after pass 2 leaves no ledger and no draft; a draft a killed release left is removed
+    when the next release takes the population's lock, and that release charges everyone once."""
+    df = population(500)
+    shared_secret_store(tmp_path)
+    path = spec_file(tmp_path, VARS)
+    df.to_csv(tmp_path / "src.csv", index=False)
+    spec = load_spec(path)
+    folder = panel.PanelStore(spec.resolve(spec.private_store), "people").folder
+    with pytest.raises(RuntimeError):
+        with panel.population_lock(spec):
+            profile = stream.finish_profile(spec, stream.profile_pass(spec, 1))
+            plan = stream.make_plan(spec, profile, release.choose_channels(spec, profile, 1), 1, None, "stream",
+                                    draft_ledger=True)
+            stream.perturb_pass(plan)
+            assert len(list(folder.glob(".records-draft-*"))) == 1
+            raise RuntimeError("the gate refused the release")
+    assert not list(folder.glob(".records-draft-*")) and not (folder / panel.STATE_FILE).exists()
+    (folder / ".records-draft-99999").write_bytes(b"left by a killed release")
+    _, summary, _ = release_drafted(tmp_path, df, path, 1, True)
+    assert not list(folder.glob(".records-draft-*"))
+    assert summary["paid"] == 500 and summary["new_records"] == 500
+    assert np.array_equal(losses(spec, df["person_id"]), np.full(500, units(EPS_SIZE) + units(EPS_COLOUR)))
+
+
+def test_a_first_ledger_draft_refuses_rows_pass_1_did_not_count(tmp_path):
+    """A source that grew or shrank between the passes is refused with the reason, and nothing is charged."""
+    df = population(2500)
+    shared_secret_store(tmp_path)
+    path = spec_file(tmp_path, VARS, engine={"mode": "stream", "chunk_rows": 1000})
+    for rows, where in ((2600, "more rows"), (2400, "other rows")):
+        df.to_csv(tmp_path / "src.csv", index=False)
+        spec = load_spec(path)
+        with panel.population_lock(spec):
+            profile = stream.finish_profile(spec, stream.profile_pass(spec, 1))
+            plan = stream.make_plan(spec, profile, release.choose_channels(spec, profile, 1), 1, None, "stream",
+                                    draft_ledger=True)
+            population(rows).to_csv(tmp_path / "src.csv", index=False)
+            with pytest.raises((panel.SourceMoved, SpecError),
+                               match=f"source file changed while it was being read: pass 2 met {where}"):
+                panel.settle(spec, plan.memo, stream.perturb_pass(plan).panel)
+        folder = panel.PanelStore(spec.resolve(spec.private_store), "people").folder
+        assert not (folder / panel.STATE_FILE).exists() and not list(folder.glob(".records-draft-*"))
+
+
 # ---- the ledger's lookup: the C kernel (panel_lookup, panel_index) against numpy and a dict ----------------------
 def ledger(records: np.ndarray, rng, variables=("a", "b"), table: bool = False,
            shuffled: bool = False) -> panel.PanelState:
