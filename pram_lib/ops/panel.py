@@ -28,6 +28,7 @@ file lock).
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -889,7 +890,14 @@ class Memo:
         if not self.state.records.size and rows > 0:
             first = PanelState(releases=self.state.releases + 1, channels=dict(self.fingerprints),
                                last={v: np.empty(0, dtype=np.uint64) for v in self.charged})
-            self.draft = LedgerDraft(folder, rows, self.charged, ledger_header(first))
+            try:
+                self.draft = LedgerDraft(folder, rows, self.charged, ledger_header(first))
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise PanelError(f"{folder}: no room in the private store for the population's per-record "
+                                     f"ledger ({LedgerDraft.size_of(rows, len(self.charged)) / 1e6:,.0f} MB); "
+                                     "nothing was released or charged") from None
+                self.draft = None   # a file system without fallocate or shared maps: the ledger is written after
 
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
         """The chunk's record ids (pram_lib.core.memo.record_ids; the PRF keys them before anything is stored)."""

@@ -81,6 +81,11 @@ class LedgerDraft:
         self.records, self.loss, self.lasts = views["records"], views["loss"], views["lasts"]
         self.sorted_tags, self.by_tag = views["sorted_tags"], views["by_tag"]
 
+    @staticmethod
+    def size_of(rows: int, variables: int) -> int:
+        """About the bytes of a ledger of `rows` records and `variables` charged variables (without headers)."""
+        return rows * 8 * (4 + variables)
+
     def __reduce__(self):
         raise TypeError("a ledger draft is written by the release's own process (not shipped to a worker)")
 

@@ -593,7 +593,11 @@ def panel_memo(spec: ReleaseSpec, assignments: list[Assignment], create: bool = 
                 keyed_noise_digest, store.noise_digest(), records,
                 frozenset(a.column for a in assignments if a.prior_spent))
     if draft_rows:
-        memo.start_draft(store.folder, draft_rows)
+        try:
+            memo.start_draft(store.folder, draft_rows)
+        except PanelError as exc:
+            raise spec.error(("population", "key"), str(exc), pop.key,
+                             "free room where `private_store:` is, or move it to a larger disk") from None
     return memo
 
 

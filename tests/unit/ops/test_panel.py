@@ -1448,3 +1448,29 @@ def test_a_first_release_ledger_holds_each_rows_charge_and_pairs(shuffled):
     assert summary["paid"] == int((paid > 0).sum()) and summary["paid_nothing"] == n - int((paid > 0).sum())
     assert summary["largest_charge"] == pytest.approx(5e11 / panel.PICO)
     assert summary["records"] == summary["new_records"] == n
+
+
+@pytest.mark.parametrize("code", ["EOPNOTSUPP", "ENOSPC"])
+def test_a_first_ledger_draft_the_file_system_refuses(tmp_path, monkeypatch, code):
+    """A file system without fallocate: the ledger is written after pass 2, as before (the same ledger as a draft's);
+    a full disk: refused at population.key, naming the room needed, before anything is released or charged."""
+    import errno
+    import os
+
+    df = population(1500)
+    shared_secret_store(tmp_path)
+    path = spec_file(tmp_path, VARS)
+
+    def refuse(fd, offset, length):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(os, "posix_fallocate", refuse)
+    if code == "ENOSPC":
+        with pytest.raises(SpecError, match=r"population\.key.*no room in the private store .* \(0 MB\); nothing"):
+            release_drafted(tmp_path, df, path, 1, True)
+        folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
+        assert not (folder / panel.STATE_FILE).exists() and not list(folder.glob(".records-draft-*"))
+        return
+    _, summary, spec = release_drafted(tmp_path, df, path, 1, True)
+    assert summary["paid"] == 1500
+    assert np.array_equal(losses(spec, df["person_id"]), np.full(1500, units(EPS_SIZE) + units(EPS_COLOUR)))
