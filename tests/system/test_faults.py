@@ -183,6 +183,8 @@ def survived(case: dict) -> list[str]:
         problems.append(f"ledger out of step with the releases: {[h.line() for h in hist]}")
     if list((folder / "private" / "runs").glob("*.json")):
         problems.append("run journals left behind")
+    if list((folder / "private").glob("panels/*/.records-draft-*")):   # a first ledger written during pass 2
+        problems.append("a per-record ledger draft left behind")
     return problems
 
 
