@@ -1474,3 +1474,38 @@ def test_a_first_ledger_draft_the_file_system_refuses(tmp_path, monkeypatch, cod
     _, summary, spec = release_drafted(tmp_path, df, path, 1, True)
     assert summary["paid"] == 1500
     assert np.array_equal(losses(spec, df["person_id"]), np.full(1500, units(EPS_SIZE) + units(EPS_COLOUR)))
+
+
+def test_a_longitudinal_parquet_release_keeps_no_key_in_pass_1_and_reads_it_in_pass_2(tmp_path):
+    """With the chunk cache, pass 1 of a Parquet source keeps its chunks without the key column, and pass 2 reads
+    the key alone: the release and the ledger are those of a release that reads the source twice (cache_mb 0).
+    A file whose row groups changed between the passes is refused at source.path."""
+    df = population(3000)
+    out = {}
+    for cache_mb in (0, 64, -1):
+        folder = tmp_path / str(cache_mb)
+        shared_secret_store(folder)
+        df.to_parquet(folder / "src.parquet", row_group_size=1000)
+        path = spec_file(folder, VARS, source={"path": "src.parquet"},
+                         engine={"mode": "stream", "chunk_rows": 1000, "cache_mb": 64 if cache_mb < 0 else cache_mb})
+        spec = load_spec(path)
+        cache = stream.ChunkCache.for_spec(spec)
+        with panel.population_lock(spec):
+            profile = stream.finish_profile(spec, stream.profile_pass(spec, 1, None, cache))
+            assert (cache is None) == (cache_mb == 0)
+            if cache is not None:
+                assert cache.usable() and len(cache.chunks) == 3
+                assert not any("person_id" in c.columns for _, c in cache.chunks)
+            plan = stream.make_plan(spec, profile, release.choose_channels(spec, profile, 1), 1, None, "stream",
+                                    sample_all=True, draft_ledger=True)
+            if cache_mb < 0:   # the file rewritten between the passes, one row short
+                df.iloc[:-1].to_parquet(folder / "src.parquet", row_group_size=1000)
+                with pytest.raises(SpecError, match=r"source\.path.*changed while it was being read"):
+                    stream.perturb_pass(plan, None, cache)
+                continue
+            totals = stream.perturb_pass(plan, None, cache)
+            out[cache_mb] = totals.sample, panel.settle(spec, plan.memo, totals.panel), losses(spec, df["person_id"])
+    (a, sa, la), (b, sb, lb) = out[0], out[64]
+    pd.testing.assert_frame_equal(a, b)
+    assert sa == sb and np.array_equal(la, lb)
+    assert np.array_equal(lb, np.full(3000, units(EPS_SIZE) + units(EPS_COLOUR)))
