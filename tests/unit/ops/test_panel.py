@@ -811,6 +811,7 @@ def test_a_first_ledger_written_in_place_is_the_ledger_written_after(tmp_path, m
         with open(store.folder / panel.STATE_FILE, "rb") as f:
             head = json.loads(np.load(f, allow_pickle=False).item())
         assert not list(store.folder.glob(".records-draft-*"))
+        assert (store.folder / panel.STATE_FILE).stat().st_mode & 0o077 == 0   # owner only
         b, sb, _ = release_drafted(folder, second, path, 2, False)
         out[draft] = a, sa, state, head, b, sb, losses(spec, second["person_id"])
     (a0, s0, st0, h0, b0, t0, l0), (a1, s1, st1, h1, b1, t1, l1) = out[False], out[True]
