@@ -895,8 +895,9 @@ class Memo:
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise PanelError(f"{folder}: no room in the private store for the population's per-record "
-                                     f"ledger ({LedgerDraft.size_of(rows, len(self.charged)) / 1e6:,.0f} MB); "
-                                     "nothing was released or charged") from None
+                                     f"ledger ({LedgerDraft.size_of(1, len(self.charged))} bytes a record; the "
+                                     "total is not said: the record count is a statistic of the source); nothing "
+                                     "was released or charged") from None
                 self.draft = None   # a file system without fallocate or shared maps: the ledger is written after
 
     def record_ids(self, df: pd.DataFrame) -> np.ndarray:
