@@ -111,7 +111,7 @@ def settle_panel_task(spec, plan, totals) -> None:
             except panel.NoiseKernelChanged as exc:
                 raise spec.error(("population", "key"), str(exc), spec.population.key, exc.fix) from None
             except panel.SourceMoved as exc:
-                raise spec.error(("source", "path"), str(exc), str(spec.resolve(spec.source.path)), exc.fix) from None
+                raise stream.source_changed(spec, str(exc)) from None
             except panel.PanelError as exc:
                 raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
                                  "give each person one row; nothing was published or charged") from None

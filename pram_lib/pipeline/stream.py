@@ -39,7 +39,7 @@ from pram_lib.ops.panel import LedgerDamaged, Memo, NoiseKernelChanged, PanelChu
 from pram_lib.pipeline import formats, sidecar
 from pram_lib.pipeline.release import (UNREADABLE, channel_laws, check_columns, csv_options, law_fingerprint,
                                        needed_columns, source_read_error, spent_by_variable, variable_digest)
-from pram_lib.spec import PANEL_ID, ReleaseSpec
+from pram_lib.spec import PANEL_ID, ReleaseSpec, SpecError
 
 PART = "part-{:05d}"
 DATA_DIR = "data"       # the release's Parquet parts: one table, read with pandas.read_parquet(folder / "data");
@@ -106,12 +106,14 @@ def check_source(spec: ReleaseSpec) -> None:
 
 def check_unchanged(spec: ReleaseSpec, digest: str) -> None:
     """The source still has the SHA-256 it had before the first pass (else it changed while being read)."""
+    if sha256_file(spec.resolve(spec.source.path)) != digest:
+        raise source_changed(spec)
 
-    path = spec.resolve(spec.source.path)
-    if sha256_file(path) != digest:
-        raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
-                         "rerun once the file is complete (write sources under a temporary name and rename them "
-                         "into place)")
+
+def source_changed(spec: ReleaseSpec,
+                   problem: str = "the source file changed while it was being read") -> SpecError:
+    """The error of a source that changed while a release read it, at `source.path`."""
+    return spec.error(("source", "path"), problem, str(spec.resolve(spec.source.path)), SourceMoved.fix)
 
 
 def _categorical_columns(spec: ReleaseSpec) -> set[str]:
@@ -148,9 +150,7 @@ def read_key(spec: ReleaseSpec, ref: ChunkRef, rows: int) -> pd.Series:
     except (ValueError, TypeError, KeyError) + UNREADABLE as exc:
         raise source_read_error(spec, exc, path) from None
     if len(column) != rows:
-        raise spec.error(("source", "path"), "the source file changed while it was being read", str(path),
-                         "rerun once the file is complete (write sources under a temporary name and rename them "
-                         "into place)")
+        raise source_changed(spec)
     return column.astype(spec.source.dtypes[key]) if key in spec.source.dtypes else column
 
 
@@ -656,7 +656,7 @@ def perturb_chunk(plan: Plan, df: pd.DataFrame, ref: ChunkRef, count_cells: bool
     except LedgerDamaged as exc:
         raise spec.error(("population", "key"), str(exc), spec.population.key, exc.fix) from None
     except SourceMoved as exc:
-        raise spec.error(("source", "path"), str(exc), str(spec.resolve(spec.source.path)), exc.fix) from None
+        raise source_changed(spec, str(exc)) from None
     except PanelError as exc:
         raise spec.error(("longitudinal", "key"), str(exc), spec.longitudinal.key,
                          "give every person one key of whole numbers or text") from None
