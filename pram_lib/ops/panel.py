@@ -1191,6 +1191,12 @@ class MemoChunk:
             self.out.charge = [_sparse(self.start, np.flatnonzero(self.charge), self.charge)]
         else:
             self.draft.put_loss(self.start, self.charge)
+            try:
+                self.draft.let_go(self.start, self.rid.size)
+            except OSError as exc:
+                raise PanelError(f"{self.draft.path.parent}: the population's per-record ledger could not be "
+                                 f"written ({exc.strerror}); check the private store's disk, then run the release "
+                                 "again: nothing was released or charged") from None
         if self.rid.size:   # as the ledger will hold it: its ε before, plus this release's charges
             total = self.memo.base_units + (self.ledger_loss + self.charge)
             smallest = min((self.memo.units(v) for v in self.memo.charged), default=0.0)

@@ -852,6 +852,81 @@ def test_a_first_ledger_draft_is_removed_when_its_release_fails_or_was_killed(tm
     assert np.array_equal(losses(spec, df["person_id"]), np.full(500, units(EPS_SIZE) + units(EPS_COLOUR)))
 
 
+def mapped_pages(path: Path) -> int:
+    """The pages of `path` this process has mapped (its mappings' Rss in /proc/self/smaps)."""
+    import mmap
+
+    rss, lines = 0, Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(str(path)):
+            rss += int(next(x for x in lines[i + 1:] if x.startswith("Rss:")).split()[1]) * 1024 // mmap.PAGESIZE
+    return rss
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="msync, madvise and fadvise as Linux has them")
+@pytest.mark.parametrize("let_go", [False, True])
+def test_a_first_ledger_draft_lets_each_written_chunk_go(tmp_path, let_go):
+    """Each chunk's rows of a ledger draft, once written (`let_go`), are written back to the file and leave the
+    process's pages (and the page cache, as far as the kernel's folios allow), so a first release maps about a chunk
+    of the ledger, not all of it: of 300,000 records x 3 variables, written in unaligned chunks of 70,001 rows, at
+    most the 2 pages a chunk and array shares with its neighbours stay mapped, and the 5 arrays' .npy prefixes. The
+    values read back (from the file) are those written, and the committed ledger reads them. Without `let_go` every
+    written page stays mapped (the measurement can fail)."""
+    from pram_lib.ops.panel_file import LedgerDraft
+
+    rows, names, step = 300_000, ["a", "b", "c"], 70_001
+    rng = np.random.default_rng(20)
+    tags, loss = rng.integers(1, 2**63, rows, dtype=np.uint64), rng.random(rows)
+    pairs = rng.integers(1, 2**63, (rows, 3), dtype=np.uint64)
+    head = {"format": panel.LEDGER_FORMAT, "variables": names}
+    draft = LedgerDraft(tmp_path, rows, names, head)
+    for start in range(0, rows, step):
+        end = min(start + step, rows)
+        draft.put_records(start, tags[start:end])
+        draft.put_loss(start, loss[start:end])
+        for j, v in enumerate(names):
+            draft.put_pairs(v, start, np.arange(end - start), pairs[start:end, j])
+        if let_go:
+            draft.let_go(start, end - start)
+    mapped = mapped_pages(draft.path)
+    if let_go:
+        assert mapped <= 3 * 2 * -(-rows // step) + 5
+    else:
+        assert mapped >= rows * 8 * 5 // 4096     # records, loss and 3 columns of last pairs
+    assert np.array_equal(draft.records, tags) and np.array_equal(draft.loss, loss)
+    assert np.array_equal(draft.lasts, pairs)
+    draft.sorted_tags[:], draft.by_tag[:] = np.sort(tags), np.argsort(tags)
+    draft.commit(head, tmp_path / "ledger.npy")
+    back = panel.read_ledger(tmp_path / "ledger.npy")
+    assert np.array_equal(back["records"], tags) and np.array_equal(back["lasts"], pairs)
+
+
+def test_a_first_ledger_draft_the_disk_fails_to_write(tmp_path, monkeypatch):
+    """A write the disk fails (msync: EIO) fails the release with the private store named and the fix, and leaves
+    no ledger and no draft."""
+    import ctypes
+    import errno
+
+    from pram_lib.ops import panel_file
+
+    class FailingLibc:
+        @staticmethod
+        def msync(addr, size, flags):
+            ctypes.set_errno(errno.EIO)
+            return -1
+
+    monkeypatch.setattr(panel_file, "LIBC", FailingLibc)
+    monkeypatch.setattr(panel_file, "MS_SYNC", 4)
+    df = population(1500)
+    shared_secret_store(tmp_path)
+    path = spec_file(tmp_path, VARS)
+    with pytest.raises(panel.PanelError, match=r"people: the population's per-record ledger could not be written "
+                                               r"\(Input/output error\); check the private store's disk"):
+        release_drafted(tmp_path, df, path, 1, True)
+    folder = tmp_path / "private" / panel.PANEL_FOLDER / "people"
+    assert not (folder / panel.STATE_FILE).exists() and not list(folder.glob(".records-draft-*"))
+
+
 def test_a_first_ledger_draft_refuses_rows_pass_1_did_not_count(tmp_path):
     """A source that grew or shrank between the passes is refused with the reason, and nothing is charged."""
     df = population(2500)
