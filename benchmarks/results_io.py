@@ -116,16 +116,20 @@ def cpu_model() -> str:
     return ", ".join(parts)
 
 
-def fresh_memory_cost() -> str:
-    """Seconds a new process takes to fill 800 MB of memory it never touched (np.ones(10**8)), as text. About 0.1 s
-    on a healthy machine; a virtual machine whose host reclaims the guest's free memory (free page reporting) pays
-    a host fault per page and has taken 5-8 s, which inflates every figure that allocates."""
+def fresh_memory_cost(huge_pages: bool = True) -> str:
+    """Seconds a new process takes to fill 800 MB of memory it never touched (np.ones(10**8)), as text: as numpy
+    allocates it (asking the kernel for transparent huge pages, madvise), or with NUMPY_MADVISE_HUGEPAGE=0 (4 KiB
+    pages). About 0.1 s on a healthy machine. The AMD EPYC VMs of 2026-12-02 (THP and its defrag on madvise, free
+    page reporting to the host) took 4-6 s with huge pages and 0.3-0.4 s without: an array's first touch there is
+    dear, which inflates figures that allocate."""
     import subprocess
     import sys
 
     code = "import time, numpy as np; t = time.perf_counter(); np.ones(10**8); print(time.perf_counter() - t)"
+    env = {**os.environ, "NUMPY_MADVISE_HUGEPAGE": "1" if huge_pages else "0"}
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                             env=env)
         return f"{float(out.stdout):.2f} s"
     except (OSError, ValueError, subprocess.SubprocessError):  # pragma: no cover
         return "n/a"
@@ -135,7 +139,8 @@ def measured_note() -> str:
     """A note saying when and on which CPU the section was measured, and how loaded the machine was."""
     return (f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on {cpu_model()}; load average "
             f"(1/5/15 min) at the end of the run {load_average()} on {os.cpu_count()} logical CPUs; a new process "
-            f"filled 800 MB of fresh memory in {fresh_memory_cost()} (healthy: about 0.1 s).")
+            f"filled 800 MB of fresh memory in {fresh_memory_cost()} as numpy allocates it (transparent huge pages), "
+            f"{fresh_memory_cost(huge_pages=False)} in 4 KiB pages (healthy: about 0.1 s).")
 
 
 def write_section(name: str, order: int, section: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
