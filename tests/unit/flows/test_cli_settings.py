@@ -59,15 +59,26 @@ def test_scheduled_runs_get_the_forced_settings_through_the_work_pool():
     automation watches (flows/operate.py HEARTBEAT_SECONDS)."""
     import yaml
 
-    from flows.cli import PREFECT_ENV_FORCED
+    from flows.cli import PREFECT_ENV_FORCED, RUN_ENV_DEFAULTS
     from flows.operate import HEARTBEAT_SECONDS
 
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     assert deployments
     for d in deployments:
-        assert d["work_pool"]["job_variables"]["env"] == {**PREFECT_ENV_FORCED,
+        assert d["work_pool"]["job_variables"]["env"] == {**PREFECT_ENV_FORCED, **RUN_ENV_DEFAULTS,
                                                           "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}, \
             d["name"]
+
+
+@pytest.mark.parametrize("environ, huge", [({}, False), ({"NUMPY_MADVISE_HUGEPAGE": "1"}, True)])
+def test_a_run_asks_numpy_for_no_huge_pages_unless_the_environment_says(environ, huge):
+    """The CLI sets NUMPY_MADVISE_HUGEPAGE=0 before numpy is imported (numpy then asks for no transparent huge
+    pages), in its own process and so in every process it starts; a value the environment sets is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"} | environ
+    code = ("import flows.cli, sys; assert 'numpy' not in sys.modules; flows.cli.run_environment(); import numpy; "
+            "print(numpy._core.multiarray._get_madvise_hugepage())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(huge)
 
 
 CONSOLE_EXIT = """
