@@ -147,11 +147,14 @@ def run_release(spec: Path, env: dict) -> dict:
 
 
 def run_baseline(source: Path, matrix_file: Path, out: Path) -> float:
-    """Process wall seconds of benchmarks/baseline_csv.py on `source` (imports included)."""
+    """Process wall seconds of benchmarks/baseline_csv.py on `source` (imports included), with the numpy setting a
+    release runs with (flows/cli.py RUN_ENV_DEFAULTS)."""
+    from flows.cli import RUN_ENV_DEFAULTS
+
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "benchmarks.baseline_csv", str(source), str(matrix_file), str(out)],
-                   cwd=ROOT, check=True, capture_output=True, text=True)
+                   cwd=ROOT, check=True, capture_output=True, text=True, env={**os.environ, **RUN_ENV_DEFAULTS})
     return time.perf_counter() - t0
 
 
@@ -288,8 +291,9 @@ def main() -> None:
         "Baseline: benchmarks/baseline_csv.py as its own process (numpy, pandas and pyarrow only): pandas.read_csv, "
         "codes, perturb every row with the release's matrix (from its channels.json, checked equal to "
         "invariant_pram of the counts; inverse CDF per category), write CSV and Parquet; its process wall with "
-        "imports. It does not choose the matrix, profile, validate, estimate, report or keep a ledger. Release "
-        "and baseline runs alternated.",
+        "imports, with the release's numpy setting (NUMPY_MADVISE_HUGEPAGE=0, flows/cli.py RUN_ENV_DEFAULTS). It "
+        "does not choose the matrix, profile, validate, estimate, report or keep a ledger. Release and baseline "
+        "runs alternated.",
         *verdicts, *ratios,
         f"Benchmark total {time.perf_counter() - t_all:.0f} s.",
         measured_note(),

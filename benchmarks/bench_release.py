@@ -232,10 +232,12 @@ def parallel_ceiling(source: Path, work: Path, k: int = 4) -> tuple[float, float
 
 def plain_baseline(spec: Path, pinned: bool) -> float:
     """Seconds of benchmarks/baseline_plain.py's timed part on `spec`'s source, in a fresh process (on CPU 0 when
-    `pinned`)."""
+    `pinned`), with the numpy setting a release runs with (flows/cli.py RUN_ENV_DEFAULTS)."""
+    from flows.cli import RUN_ENV_DEFAULTS
+
     pin = ["taskset", "-c", "0"] if pinned and shutil.which("taskset") else []
     out = subprocess.run([*pin, sys.executable, "-m", "benchmarks.baseline_plain", str(spec)], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, env={**os.environ, **RUN_ENV_DEFAULTS}).stdout
     return float(re.search(r"plain pyarrow \+ numpy: ([\d.]+) s", out).group(1))
 
 
@@ -339,7 +341,9 @@ def main() -> None:
               f"At 10^7 rows each stream run is the median of {REPEATS_1E7} runs (issue 15's floors are on medians), "
               "timed without the memory sampler (until 2026-12-02 11:40 they were sampled, 0.1 s of a 3.4 s flow on "
               "2 cores); their peak memory is that of one more run, sampled. Each plain-script baseline is the median of "
-              f"{REPEATS_1E7}. The machine was shared with other developers' work during the measurement.",
+              f"{REPEATS_1E7}, run with the release's numpy setting (NUMPY_MADVISE_HUGEPAGE=0, flows/cli.py "
+              "RUN_ENV_DEFAULTS; since 2026-12-02 22:20, when releases began to set it). The machine was shared "
+              "with other developers' work during the measurement.",
               *verdicts, *speedups]
     if ceiling is not None:
         big = list(one)[-1] if one else None
