@@ -65,9 +65,8 @@ def test_scheduled_runs_get_the_forced_settings_through_the_work_pool():
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     assert deployments
     for d in deployments:
-        assert d["work_pool"]["job_variables"]["env"] == {**PREFECT_ENV_FORCED, **RUN_ENV_DEFAULTS,
-                                                          "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}, \
-            d["name"]
+        wanted = {**PREFECT_ENV_FORCED, **RUN_ENV_DEFAULTS, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}
+        assert d["work_pool"]["job_variables"]["env"] == wanted, d["name"]
 
 
 @pytest.mark.parametrize("environ, huge", [({}, False), ({"NUMPY_MADVISE_HUGEPAGE": "1"}, True)])
