@@ -138,12 +138,13 @@ def write_results(n: int, runs: dict) -> None:
             verdicts.append(f"{label}: flow {flow:.1f} s = {ratio:.2f}x the plain release's {base:.1f} s "
                             f"(medians) {'<=' if ratio <= FLOOR else '>'} {FLOOR}x: {'PASS' if ratio <= FLOOR else 'FAIL'}"
                             + (f"; {flow / bare:.2f}x the release without a population ({bare:.1f} s)" if bare else ""))
-    for cores in (ONE_CORE, TWO_CORES):   # where the memoized release's time goes, phase by phase
-        memo_runs, plain_runs = runs.get(cores[2], []), runs.get(cores[1], [])
+    for memo_label, plain_label in ((ONE_CORE[0], ONE_CORE[1]), (ONE_CORE[2], ONE_CORE[1]),
+                                    (TWO_CORES[2], TWO_CORES[1])):   # where a memoized release's time goes
+        memo_runs, plain_runs = runs.get(memo_label, []), runs.get(plain_label, [])
         phases = [k for k in (memo_runs[0]["phases"] if memo_runs else {}) if all(k in r["phases"] for r in
                                                                                    memo_runs + plain_runs)]
         if phases and plain_runs:
-            verdicts.append(f"{cores[2]}, phase by phase against plain (medians, s): " + ", ".join(
+            verdicts.append(f"{memo_label}, phase by phase against plain (medians, s): " + ", ".join(
                 f"{k} {statistics.median(r['phases'][k] for r in memo_runs):.2f} against "
                 f"{statistics.median(r['phases'][k] for r in plain_runs):.2f}" for k in phases))
     doc = {"order": 9, "section": "Longitudinal release against the same release without memoization (issue 28)",
