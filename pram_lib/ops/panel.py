@@ -433,7 +433,7 @@ class PanelStore:
         Settlement makes it only then)."""
         settled = state if isinstance(state, Settlement) else Settlement.of(state)
         if settled.draft is not None:   # a first release's ledger, written in place during pass 2
-            settled.draft.commit(ledger_header(settled.whole()), self.folder / STATE_FILE)
+            settled.draft.commit(ledger_header(settled.whole(), settled.largest), self.folder / STATE_FILE)
             (self.folder / LEGACY_STATE_FILE).unlink(missing_ok=True)
             (self.folder / DELTA_FILE).unlink(missing_ok=True)
             return
@@ -477,12 +477,13 @@ READABLE_FORMATS = (LEDGER_FORMAT, SORTED_LEDGER_FORMAT, FLOAT_LEDGER_FORMAT)
 LEDGER_ARRAYS = ("header", "records", "loss", "lasts", "sorted_tags", "by_tag")   # then history_j per variable
 
 
-def ledger_header(state: PanelState) -> dict:
-    """The ledger file's JSON header: its format, variables, their channels, its release count and largest ε."""
+def ledger_header(state: PanelState, largest: int | None = None) -> dict:
+    """The ledger file's JSON header: its format, variables, their channels, its release count and largest ε (in
+    pico-ε: `largest`, else read from the ledger's ε)."""
     names = list(state.last)
     return {"format": LEDGER_FORMAT, "variables": names, "channels": [state.channels.get(n, "") for n in names],
-            "uncharged_channels": uncharged_channels(state.channels, names),
-            "releases": int(state.releases), "largest": largest_units(state)}
+            "uncharged_channels": uncharged_channels(state.channels, names), "releases": int(state.releases),
+            "largest": largest_units(state) if largest is None else int(largest)}
 
 
 def uncharged_channels(channels: dict[str, str], names: list[str]) -> dict[str, str]:
@@ -765,7 +766,8 @@ class PanelChunk:
     largest_loss: float = 0.0   # the largest cumulative ε of a record after this release
     at_cap: int = 0             # the records whose next new value would pass the cap
     noise_kernels: frozenset[str] = frozenset()   # digests of the keyed-noise kernels that drew the chunks' noise
-    drafted: list[tuple[int, int]] = field(default_factory=list)   # (first row, rows) written to a ledger draft
+    drafted: list[tuple[int, int, int, float]] = field(default_factory=list)   # written to a ledger draft: (first
+    #                                                  row, rows, how many paid, the largest charge in pico-ε)
 
     def __add__(self, other: "PanelChunk") -> "PanelChunk":
         return PanelChunk(self.pos + other.pos, self.fresh + other.fresh, self.charge + other.charge,
@@ -1006,11 +1008,11 @@ class Memo:
         """`settlement` of a first release written in place (`start_draft`): the chunks must have covered the rows
         pass 1 counted, each once; the tag index is sorted into the draft, and the ledger is the draft's arrays."""
         draft, n, end = self.draft, self.draft.rows, 0
-        for start, rows in sorted(chunks.drafted):
+        for start, rows, _, _ in sorted(chunks.drafted):
             if start != end:
                 break
             end += rows
-        if end != n or sum(rows for _, rows in chunks.drafted) != n:
+        if end != n or sum(rows for _, rows, _, _ in chunks.drafted) != n:
             raise SourceMoved("pass 2 met other rows than pass 1 counted")
         ordered, by_tag, index = sort_tags(draft.records, (draft.sorted_tags, draft.by_tag))
         self._check_chunks(chunks, int(np.count_nonzero(ordered[1:] == ordered[:-1])))
@@ -1018,10 +1020,10 @@ class Memo:
                            {v: np.empty(0, dtype=np.uint64) for v in draft.names}, dict(self.fingerprints),
                            self.state.releases + 1, ordered, by_tag)
         state._index = index
-        settlement = Settlement.of(state)
-        settlement.draft = draft
-        return settlement, self._summary(state.releases, chunks, n, n,
-                                         (int(np.count_nonzero(draft.loss)), float(draft.loss.max())))
+        paid = (sum(p for _, _, p, _ in chunks.drafted), max(x for _, _, _, x in chunks.drafted))
+        # the ledger's ε is the charges (no ε before): its largest is the largest charge, read without the file
+        settlement = Settlement(state, state.releases, state.channels, None, int(paid[1]), state, draft)
+        return settlement, self._summary(state.releases, chunks, n, n, paid)
 
     def _delta(self, chunks: PanelChunk, pos: np.ndarray, fresh_rows: np.ndarray, fresh_tags: np.ndarray,
                paid_rows: np.ndarray, paid: np.ndarray, table: np.ndarray) -> PanelDelta:
@@ -1107,8 +1109,8 @@ class MemoChunk:
         elif start + rid.size > self.draft.rows:
             raise SourceMoved("pass 2 met more rows than pass 1 counted")
         else:   # a first release: every row a newcomer, its row the ledger's
-            self.draft.put_records(start, rtag)
-            self.out = PanelChunk([], [], [], drafted=[(start, rid.size)])
+            self.lasts = self.draft.pairs_table(rid.size)
+            self.out = PanelChunk([], [], [])
         self._hash: dict[str, np.ndarray] = {}
 
     def admit(self, variable: str, words: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -1125,7 +1127,7 @@ class MemoChunk:
         if self.draft is None:
             self.out.pairs[variable] = [_sparse(self.start, moved, h)]   # the pairs that become the record's last
         else:
-            self.draft.put_pairs(variable, self.start, moved, h)
+            self.draft.put_pairs(self.lasts, variable, moved, h)
         self.out.changed[variable] = changed
         self.out.blocked[variable] = blocked
         return ok
@@ -1190,9 +1192,10 @@ class MemoChunk:
         if self.draft is None:
             self.out.charge = [_sparse(self.start, np.flatnonzero(self.charge), self.charge)]
         else:
-            self.draft.put_loss(self.start, self.charge)
+            self.out.drafted = [(self.start, self.rid.size, int(np.count_nonzero(self.charge)),
+                                 float(self.charge.max(initial=0.0)))]
             try:
-                self.draft.let_go(self.start, self.rid.size)
+                self.draft.write_chunk(self.start, self.rtag, self.charge, self.lasts)
             except OSError as exc:
                 raise PanelError(f"{self.draft.path.parent}: the population's per-record ledger could not be "
                                  f"written ({exc.strerror}); check the private store's disk, then run the release "

@@ -2,32 +2,28 @@
 
 The file is the arrays `PanelStore.save_whole` writes, one .npy after the other: a JSON header, the records' tags,
 their cumulative ε, their last pairs (a row per record, a column per variable), the tag index, the histories.
-A first release knows its row count and variables before pass 2, so the file is made at its full size and mapped
-(the standard library's mmap, MAP_SHARED) and each chunk writes its rows' tags, ε and pairs straight into the
-file's pages: for 10^7 people, 0.8 GB the kernel zeroes and writes back once, where keeping the chunks' arrays,
-gathering them into a table and writing it out touched it three times. Once a chunk is written its pages are
-written back and let go (`let_go`), so the release maps about a chunk of the ledger at a time and the next chunk
-reuses the memory just freed (touching 0.8 GB of new page cache took 3 s on the EPYC VMs of 2026-12-02). The
+A first release knows its row count and variables before pass 2, so the file is made at its full size and each
+chunk writes its rows' tags, ε and pairs into their place (`write_chunk`): for 10^7 people, 0.8 GB written once,
+where keeping the chunks' arrays, gathering them into a table and writing it out touched it three times. A written
+chunk's ε and pairs are written back and dropped from the page cache, so the next chunk's pages reuse the memory
+just freed (touching 0.8 GB of new page cache took 3 s on the EPYC VMs of 2026-12-02). Once pass 2 is done the
+file is read through a map (the standard library's mmap, MAP_SHARED), and the tag index sorted into it. The
 header is written last, into room sized for it beforehand (its JSON padded with spaces), then the file is fsync'd
 and renamed over the ledger.
 """
 
 from __future__ import annotations
 
-import ctypes
 import io
 import json
 import mmap
 import os
-import sys
+import queue
 from pathlib import Path
 
 import numpy as np
 from numpy.lib import format as npy
 
-# msync through ctypes, which lets other threads run while the pages are written (mmap.flush holds the GIL)
-LIBC = ctypes.CDLL(None, use_errno=True)
-MS_SYNC = 4 if sys.platform == "linux" else None   # <sys/mman.h>; elsewhere the pages stay till commit
 DRAFT_PREFIX = ".records-draft-"   # a draft left by a release that failed: removed under the population's lock
 LARGEST_ROOM = {"releases": 10**12, "largest": 10**21}   # the widest header figures the room is sized for
 
@@ -52,8 +48,9 @@ def header_array(text: str, room: int) -> np.ndarray:
 
 
 class LedgerDraft:
-    """The ledger file of a population's first release, made at full size and filled chunk by chunk: `records`,
-    `loss`, `lasts`, `sorted_tags`, `by_tag` are writable views of the file's pages (row i: release row i).
+    """The ledger file of a population's first release, made at full size and filled chunk by chunk
+    (`write_chunk`; row i: release row i): `records`, `loss`, `lasts`, `sorted_tags`, `by_tag` are writable views
+    of the file's pages, for use once the chunks are written.
     `commit` writes the header and makes it the population's ledger; a draft never committed is removed with the
     population's lock (`pram_lib.ops.panel.PanelStore.locked`)."""
 
@@ -88,7 +85,10 @@ class LedgerDraft:
                                      offset=offset).reshape(shape) for name, dtype, shape, offset in layout}
         self.records, self.loss, self.lasts = views["records"], views["loss"], views["lasts"]
         self.sorted_tags, self.by_tag = views["sorted_tags"], views["by_tag"]
-        self.base = np.frombuffer(self.map, dtype=np.uint8, count=1).ctypes.data   # the map's first byte
+        self.offsets = {name: offset for name, _, _, offset in layout}
+        self.row_bytes = {name: np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
+                          for name, dtype, shape, _ in layout}
+        self.spare: queue.SimpleQueue = queue.SimpleQueue()   # pair tables of finished chunks (chunks run on threads)
 
     @staticmethod
     def size_of(rows: int, variables: int) -> int:
@@ -98,41 +98,42 @@ class LedgerDraft:
     def __reduce__(self):
         raise TypeError("a ledger draft is written by the release's own process (not shipped to a worker)")
 
-    def put_records(self, start: int, tags: np.ndarray) -> None:
-        self.records[start:start + tags.size] = tags
+    def pairs_table(self, rows: int) -> np.ndarray:
+        """A zeroed table of `rows` x the variables for a chunk's last pairs (0: none), in memory a finished chunk
+        gave back where there is one (`write_chunk`): the chunks after the first touch no new memory."""
+        try:
+            spare = self.spare.get_nowait()
+        except queue.Empty:
+            spare = None
+        if spare is None or spare.shape[0] < rows:
+            spare = np.empty((rows, len(self.names)), dtype=np.uint64)
+        table = spare[:rows]
+        table.fill(0)
+        return table
 
-    def put_loss(self, start: int, charge: np.ndarray) -> None:
-        self.loss[start:start + charge.size] = charge
-
-    def put_pairs(self, variable: str, start: int, moved: np.ndarray, pairs: np.ndarray) -> None:
-        """The rows `moved` (of the chunk from `start`) release `pairs` as their last; the others keep 0 (none)."""
-        column = self.lasts[start:start + pairs.size, self.names.index(variable)]
+    def put_pairs(self, table: np.ndarray, variable: str, moved: np.ndarray, pairs: np.ndarray) -> None:
+        """The rows `moved` of a chunk's `table` (`pairs_table`) release `pairs` as their last; the others keep 0."""
+        column = table[:, self.names.index(variable)]
         if moved.size == pairs.size:
             column[:] = pairs
         else:
             column[moved] = pairs[moved]
 
-    def let_go(self, start: int, rows: int) -> None:
-        """The chunk of rows from `start` is written: its pages of `records`, `loss` and `lasts` are written back
-        (msync) and dropped from the process and the page cache (madvise, posix_fadvise DONTNEED), so a first
-        release holds a chunk's pages of the ledger at a time, not the whole file, and the next chunk's pages are
-        the ones just freed. A page shared with a neighbouring chunk still being written stays: the kernel drops
-        no page dirtied again (nor a large folio reaching past the range), and a page dropped is read back from the
-        file if touched again."""
-        if MS_SYNC is None:
+    def write_chunk(self, start: int, records: np.ndarray, loss: np.ndarray, table: np.ndarray) -> None:
+        """The chunk of rows from `start`: its tags, ε and last pairs (`table`, given back for the next chunk)
+        written into the file (os.pwrite: the page cache filled by a copy, where writing through the map faulted
+        each page in; the map is read only once pass 2 is done), written back (os.fdatasync), and their ε and pairs
+        dropped from the page cache (posix_fadvise DONTNEED), so the next chunk's pages are the ones just freed.
+        The tags stay cached for the tag index's sort. An OSError (EIO: the disk failed the write) is raised."""
+        for name, values in (("records", records), ("loss", loss), ("lasts", table)):
+            write_at(self.fd, values, self.offsets[name] + start * self.row_bytes[name])
+        self.spare.put(table.base if table.base is not None else table)
+        if not hasattr(os, "posix_fadvise"):   # elsewhere the pages stay cached until commit's fsync
             return
-        for view in (self.records, self.loss, self.lasts):
-            part = view[start:start + rows]
-            if not part.size:
-                continue
-            first = part.ctypes.data - self.base
-            lo = first - first % mmap.PAGESIZE
-            hi = min(-(-(first + part.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE, self.size)
-            if LIBC.msync(ctypes.c_void_p(self.base + lo), ctypes.c_size_t(hi - lo), MS_SYNC):
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err), str(self.path))   # EIO: the disk failed the write
-            self.map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-            os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        os.fdatasync(self.fd)
+        for name in ("loss", "lasts"):
+            os.posix_fadvise(self.fd, self.offsets[name] + start * self.row_bytes[name],
+                             records.size * self.row_bytes[name], os.POSIX_FADV_DONTNEED)
 
     def commit(self, header: dict, target: Path) -> None:
         """The header written into its room, the file fsync'd and renamed over `target`."""
@@ -144,6 +145,14 @@ class LedgerDraft:
         os.fsync(self.fd)
         os.close(self.fd)
         os.replace(self.path, target)
+
+
+def write_at(fd: int, array: np.ndarray, offset: int) -> None:
+    """The bytes of the C-contiguous `array` written at `offset` of the file (os.pwrite, until all are written)."""
+    view = memoryview(np.ascontiguousarray(array)).cast("B")
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
 
 
 def drop_drafts(folder: Path) -> None:
