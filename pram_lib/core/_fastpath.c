@@ -367,10 +367,14 @@ int64_t panel_admit(const uint64_t *h, const uint64_t *last, int64_t stride, con
 }
 
 /* The order of n distinct tags (np.argsort's) for a ledger's tag index: a counting sort on the top bits (tag >>
- * shift, `buckets` of them), then each bucket sorted (insertion sort while it is small, else heapsort: the tags are
- * keyed hashes, a few per bucket, but the result never depends on that). Writes sorted[] (the tags in increasing
- * order), rows[] (their positions in tags[]) and index[] (panel_index's bucket index of sorted[]). Returns 0, or -1
- * when memory for the bucket cursors could not be had (nothing written). */
+ * shift, `buckets` of them, a power of 2), then each bucket sorted (insertion sort while it is small, else heapsort:
+ * the tags are keyed hashes, a few per bucket, but the result never depends on that). The counting sort runs as two
+ * (most significant digit first): on the top 8 bits, whose 256 write streams stay in the cache, then each of those
+ * buckets on the remaining bits and FINER_BITS more, copied into a scratch buffer the cache holds (one pass on all
+ * the bits scattered 10^7 tags over 160 MB at random: 0.22-0.29 s against 0.10-0.12 s, on the AMD EPYC of
+ * 2026-12-03). Writes sorted[]
+ * (the tags in increasing order), rows[] (their positions in tags[]) and index[] (panel_index's bucket index of
+ * sorted[]). Returns 0, or -1 when memory for the scratch buffers could not be had (nothing written). */
 static void sift(uint64_t *t, int64_t *r, int64_t root, int64_t end) {
     for (;;) {
         int64_t child = 2 * root + 1;
@@ -402,21 +406,57 @@ static void bucket_sort(uint64_t *t, int64_t *r, int64_t k) {
     }
 }
 
+#define FINER_BITS 3   /* the second pass sorts on 3 bits more than the index has: buckets of about 1 tag */
+
+/* the counts of the k tags t[] by digit (t >> shift) & (nb - 1), as bucket starts: start[d] for d = 0 .. nb */
+static void digit_starts(const uint64_t *t, int64_t k, int shift, int64_t nb, int64_t *start) {
+    memset(start, 0, (size_t)(nb + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < k; i++) start[((t[i] >> shift) & (uint64_t)(nb - 1)) + 1]++;
+    for (int64_t d = 0; d < nb; d++) start[d + 1] += start[d];
+}
+
+/* the k tags t[] and their rows r[] (r NULL: 0 .. k - 1) into out_t[], out_r[] by digit, stable, given the digit
+ * starts (`next`: nb cursors of scratch) */
+static void digit_scatter(const uint64_t *t, const int64_t *r, int64_t k, int shift, int64_t nb, const int64_t *start,
+                          int64_t *next, uint64_t *out_t, int64_t *out_r) {
+    memcpy(next, start, (size_t)nb * sizeof(int64_t));
+    for (int64_t i = 0; i < k; i++) {
+        int64_t at = next[(t[i] >> shift) & (uint64_t)(nb - 1)]++;
+        out_t[at] = t[i];
+        out_r[at] = r == NULL ? i : r[i];
+    }
+}
+
 int64_t tag_sort(const uint64_t *tags, int64_t n, int shift, int64_t buckets, int64_t *index, uint64_t *sorted,
                  int64_t *rows) {
-    int64_t *next = malloc((size_t)buckets * sizeof(int64_t));
-    if (next == NULL) return -1;
-    memset(index, 0, (size_t)(buckets + 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) index[(tags[i] >> shift) + 1]++;
-    for (int64_t b = 0; b < buckets; b++) index[b + 1] += index[b];
-    memcpy(next, index, (size_t)buckets * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) {
-        int64_t at = next[tags[i] >> shift]++;
-        sorted[at] = tags[i];
-        rows[at] = i;
+    int bits = 64 - shift, top = bits < 8 ? bits : 8, finer = shift < FINER_BITS ? shift : FINER_BITS;
+    int64_t tops = (int64_t)1 << top, subs = buckets >> top, fines = subs << finer, largest = 0;
+    int64_t *start = malloc((size_t)(tops + 1) * sizeof(int64_t));
+    int64_t *next = malloc((size_t)(tops > fines ? tops : fines) * sizeof(int64_t));
+    int64_t *fine = malloc((size_t)(fines + 1) * sizeof(int64_t));
+    if (start == NULL || next == NULL || fine == NULL) { free(start); free(next); free(fine); return -1; }
+    digit_starts(tags, n, 64 - top, tops, start);
+    for (int64_t b = 0; b < tops; b++)
+        if (start[b + 1] - start[b] > largest) largest = start[b + 1] - start[b];
+    uint64_t *part_t = malloc((size_t)largest * sizeof(uint64_t) + 1);
+    int64_t *part_r = malloc((size_t)largest * sizeof(int64_t) + 1);
+    if (part_t == NULL || part_r == NULL) {
+        free(start); free(next); free(fine); free(part_t); free(part_r);
+        return -1;
     }
-    free(next);
-    for (int64_t b = 0; b < buckets; b++) bucket_sort(sorted + index[b], rows + index[b], index[b + 1] - index[b]);
+    digit_scatter(tags, NULL, n, 64 - top, tops, start, next, sorted, rows);
+    for (int64_t b = 0; b < tops; b++) {
+        int64_t lo = start[b], k = start[b + 1] - lo;
+        memcpy(part_t, sorted + lo, (size_t)k * sizeof(uint64_t));
+        memcpy(part_r, rows + lo, (size_t)k * sizeof(int64_t));
+        digit_starts(part_t, k, shift - finer, fines, fine);
+        digit_scatter(part_t, part_r, k, shift - finer, fines, fine, next, sorted + lo, rows + lo);
+        for (int64_t j = 0; j < fines; j++)
+            bucket_sort(sorted + lo + fine[j], rows + lo + fine[j], fine[j + 1] - fine[j]);
+        for (int64_t j = 0; j < subs; j++) index[b * subs + j] = lo + fine[j << finer];
+    }
+    index[buckets] = n;
+    free(start); free(next); free(fine); free(part_t); free(part_r);
     return 0;
 }
 

@@ -103,8 +103,8 @@ def sort_tags(tags: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
               ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, int] | None]:
     """(the tags in increasing order, their positions, the bucket index of the sorted tags or None): np.argsort's
     order for distinct tags, in `out` (contiguous uint64 and int64 arrays of the tags' size) if given. The C kernel
-    `tag_sort` (a counting sort on the top bits, then each small bucket: np.argsort took 2.2 s for 10^7 tags on the
-    AMD EPYC of 2026-12-02, np.sort alone 0.8 s), else np.argsort."""
+    `tag_sort` (a counting sort on the top bits in two passes, then each small bucket: 0.1-0.2 s for 10^7 tags
+    where np.argsort took 2.2 s and np.sort alone 0.8 s, on the AMD EPYC of 2026-12-02), else np.argsort."""
     from pram_lib.core import fastpath
 
     tags = np.ascontiguousarray(tags, dtype=np.uint64)
