@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy
 
+SLICE_BYTES = 8 << 20   # a draft's ε and pairs written back and dropped 8 MB at a time (see write_chunk)
 DRAFT_PREFIX = ".records-draft-"   # a draft left by a release that failed: removed under the population's lock
 LARGEST_ROOM = {"releases": 10**12, "largest": 10**21}   # the widest header figures the room is sized for
 
@@ -122,18 +123,21 @@ class LedgerDraft:
     def write_chunk(self, start: int, records: np.ndarray, loss: np.ndarray, table: np.ndarray) -> None:
         """The chunk of rows from `start`: its tags, ε and last pairs (`table`, given back for the next chunk)
         written into the file (os.pwrite: the page cache filled by a copy, where writing through the map faulted
-        each page in; the map is read only once pass 2 is done), written back (os.fdatasync), and their ε and pairs
-        dropped from the page cache (posix_fadvise DONTNEED), so the next chunk's pages are the ones just freed.
-        The tags stay cached for the tag index's sort. An OSError (EIO: the disk failed the write) is raised."""
-        for name, values in (("records", records), ("loss", loss), ("lasts", table)):
-            write_at(self.fd, values, self.offsets[name] + start * self.row_bytes[name])
+        each page in; the map is read only once pass 2 is done). Its ε and pairs go in slices of about
+        SLICE_BYTES, each written back (os.fdatasync) and dropped from the page cache (posix_fadvise DONTNEED) before
+        the next, so the page cache reuses the same few megabytes. The tags stay cached for the tag index's sort. An
+        OSError (EIO: the disk failed the write) is raised."""
+        write_at(self.fd, records, self.offsets["records"] + start * self.row_bytes["records"])
+        for name, values in (("loss", loss), ("lasts", table)):
+            step = max(1, SLICE_BYTES // self.row_bytes[name])
+            for lo in range(0, values.shape[0], step):
+                at = self.offsets[name] + (start + lo) * self.row_bytes[name]
+                part = values[lo:lo + step]
+                write_at(self.fd, part, at)
+                if hasattr(os, "posix_fadvise"):   # elsewhere the pages stay cached until commit's fsync
+                    os.fdatasync(self.fd)
+                    os.posix_fadvise(self.fd, at, part.nbytes, os.POSIX_FADV_DONTNEED)
         self.spare.put(table.base if table.base is not None else table)
-        if not hasattr(os, "posix_fadvise"):   # elsewhere the pages stay cached until commit's fsync
-            return
-        os.fdatasync(self.fd)
-        for name in ("loss", "lasts"):
-            os.posix_fadvise(self.fd, self.offsets[name] + start * self.row_bytes[name],
-                             records.size * self.row_bytes[name], os.POSIX_FADV_DONTNEED)
 
     def commit(self, header: dict, target: Path) -> None:
         """The header written into its room, the file fsync'd and renamed over `target`."""

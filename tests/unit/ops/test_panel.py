@@ -863,13 +863,17 @@ def mapped_pages(path: Path) -> int:
     return rss
 
 
-def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_path):
-    """A ledger draft of 300,000 records x 3 variables written in unaligned chunks of 70,001 rows reads back what
-    was written (through the map, and as the committed ledger), while the writing process maps none of the
-    written pages (they are copied in, not faulted in through the map: at most the pages of the 8 arrays' .npy
-    prefixes are mapped, 5 arrays and a history per variable). A chunk's pair table reuses the memory of one written before, zeroed: a row whose pair is not put
+def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_path, monkeypatch):
+    """A ledger draft of 300,000 records x 3 variables written in unaligned chunks of 70,001 rows, their ε and
+    pairs in unaligned slices (of 400,000 bytes here), reads back what was written (through the map, and as the
+    committed ledger), while the writing process maps none of the written pages (they are copied in, not faulted
+    in through the map: at most the pages of the 8 arrays' .npy prefixes are mapped, 5 arrays and a history per
+    variable). A chunk's pair table reuses the memory of one written before, zeroed: a row whose pair is not put
     (a missing value) reads 0, not the pair of the row that was there."""
+    from pram_lib.ops import panel_file
     from pram_lib.ops.panel_file import LedgerDraft
+
+    monkeypatch.setattr(panel_file, "SLICE_BYTES", 400_000)
 
     rows, names, step = 300_000, ["a", "b", "c"], 70_001
     rng = np.random.default_rng(20)
