@@ -427,36 +427,102 @@ static void digit_scatter(const uint64_t *t, const int64_t *r, int64_t k, int sh
     }
 }
 
+/* the digits of a tag sort with the bucket index's `buckets` (tag >> shift): the top `top` bits (at most 8: the first
+ * pass), then within each of those buckets `subs` index buckets, sorted on FINER_BITS more (`fines` digits); with
+ * the cursors and digit starts of one bucket */
+typedef struct {
+    int shift, top, finer;
+    int64_t tops, subs, fines, *next, *fine;
+} TagDigits;
+
+static int tag_digits(TagDigits *d, int shift, int64_t buckets) {
+    int bits = 64 - shift;
+    d->shift = shift;
+    d->top = bits < 8 ? bits : 8;
+    d->finer = shift < FINER_BITS ? shift : FINER_BITS;
+    d->tops = (int64_t)1 << d->top;
+    d->subs = buckets >> d->top;
+    d->fines = d->subs << d->finer;
+    d->next = malloc((size_t)(d->tops >= d->fines ? d->tops + 1 : d->fines) * sizeof(int64_t));
+    d->fine = malloc((size_t)(d->fines + 1) * sizeof(int64_t));
+    if (d->next == NULL || d->fine == NULL) { free(d->next); free(d->fine); return -1; }
+    return 0;
+}
+
+static void tag_digits_free(TagDigits *d) { free(d->next); free(d->fine); }
+
+/* the k tags src_t[] (rows src_r[]) of one top bucket sorted into out_t[], out_r[]; index_at (or NULL) gets the
+ * bucket's `subs` index entries, counted from `lo` (the bucket's first row in the whole sort) */
+static void sort_top_bucket(TagDigits *d, const uint64_t *src_t, const int64_t *src_r, int64_t k, uint64_t *out_t,
+                            int64_t *out_r, int64_t *index_at, int64_t lo) {
+    digit_starts(src_t, k, d->shift - d->finer, d->fines, d->fine);
+    digit_scatter(src_t, src_r, k, d->shift - d->finer, d->fines, d->fine, d->next, out_t, out_r);
+    for (int64_t j = 0; j < d->fines; j++)
+        bucket_sort(out_t + d->fine[j], out_r + d->fine[j], d->fine[j + 1] - d->fine[j]);
+    if (index_at != NULL)
+        for (int64_t j = 0; j < d->subs; j++) index_at[j] = lo + d->fine[j << d->finer];
+}
+
 int64_t tag_sort(const uint64_t *tags, int64_t n, int shift, int64_t buckets, int64_t *index, uint64_t *sorted,
                  int64_t *rows) {
-    int bits = 64 - shift, top = bits < 8 ? bits : 8, finer = shift < FINER_BITS ? shift : FINER_BITS;
-    int64_t tops = (int64_t)1 << top, subs = buckets >> top, fines = subs << finer, largest = 0;
-    int64_t *start = malloc((size_t)(tops + 1) * sizeof(int64_t));
-    int64_t *next = malloc((size_t)(tops > fines ? tops : fines) * sizeof(int64_t));
-    int64_t *fine = malloc((size_t)(fines + 1) * sizeof(int64_t));
-    if (start == NULL || next == NULL || fine == NULL) { free(start); free(next); free(fine); return -1; }
-    digit_starts(tags, n, 64 - top, tops, start);
-    for (int64_t b = 0; b < tops; b++)
+    TagDigits d;
+    int64_t largest = 0;
+    if (tag_digits(&d, shift, buckets)) return -1;
+    int64_t *start = malloc((size_t)(d.tops + 1) * sizeof(int64_t));
+    if (start == NULL) { tag_digits_free(&d); return -1; }
+    digit_starts(tags, n, 64 - d.top, d.tops, start);
+    for (int64_t b = 0; b < d.tops; b++)
         if (start[b + 1] - start[b] > largest) largest = start[b + 1] - start[b];
     uint64_t *part_t = malloc((size_t)largest * sizeof(uint64_t) + 1);
     int64_t *part_r = malloc((size_t)largest * sizeof(int64_t) + 1);
     if (part_t == NULL || part_r == NULL) {
-        free(start); free(next); free(fine); free(part_t); free(part_r);
+        tag_digits_free(&d); free(start); free(part_t); free(part_r);
         return -1;
     }
-    digit_scatter(tags, NULL, n, 64 - top, tops, start, next, sorted, rows);
-    for (int64_t b = 0; b < tops; b++) {
+    digit_scatter(tags, NULL, n, 64 - d.top, d.tops, start, d.next, sorted, rows);
+    for (int64_t b = 0; b < d.tops; b++) {
         int64_t lo = start[b], k = start[b + 1] - lo;
         memcpy(part_t, sorted + lo, (size_t)k * sizeof(uint64_t));
         memcpy(part_r, rows + lo, (size_t)k * sizeof(int64_t));
-        digit_starts(part_t, k, shift - finer, fines, fine);
-        digit_scatter(part_t, part_r, k, shift - finer, fines, fine, next, sorted + lo, rows + lo);
-        for (int64_t j = 0; j < fines; j++)
-            bucket_sort(sorted + lo + fine[j], rows + lo + fine[j], fine[j + 1] - fine[j]);
-        for (int64_t j = 0; j < subs; j++) index[b * subs + j] = lo + fine[j << finer];
+        sort_top_bucket(&d, part_t, part_r, k, sorted + lo, rows + lo, index + b * d.subs, lo);
     }
     index[buckets] = n;
-    free(start); free(next); free(fine); free(part_t); free(part_r);
+    tag_digits_free(&d); free(start); free(part_t); free(part_r);
+    return 0;
+}
+
+/* tag_sort a part at a time, for output that is written out as it is made: tag_top_starts gives the starts of the
+ * first pass's buckets (start[b] for b = 0 .. 2^top, top = min(8, 64 - shift)); tag_sort_part sorts the tags of
+ * top buckets b_lo .. b_hi - 1 (one scan of all n tags) into out_t[], out_r[] (start[b_hi] - start[b_lo] of them,
+ * their rows in tags[]) through scratch scr_t[], scr_r[] of one more. Each returns 0, or -1 when memory for the
+ * digits could not be had (nothing written). */
+int64_t tag_top_starts(const uint64_t *tags, int64_t n, int shift, int64_t *start) {
+    int bits = 64 - shift, top = bits < 8 ? bits : 8;
+    digit_starts(tags, n, 64 - top, (int64_t)1 << top, start);
+    return 0;
+}
+
+int64_t tag_sort_part(const uint64_t *tags, int64_t n, int shift, int64_t buckets, const int64_t *start, int64_t b_lo,
+                      int64_t b_hi, uint64_t *out_t, int64_t *out_r, uint64_t *scr_t, int64_t *scr_r) {
+    TagDigits d;
+    if (tag_digits(&d, shift, buckets)) return -1;
+    int64_t base = start[b_lo], width = b_hi - b_lo;
+    for (int64_t b = b_lo; b < b_hi; b++) d.next[b - b_lo] = start[b] - base;
+    d.next[width] = start[b_hi] - base;   /* the tags of other buckets all go to this one slot past the part */
+    for (int64_t i = 0; i < n; i++) {   /* without a branch: a part is a random eighth or so of keyed tags */
+        uint64_t b = (tags[i] >> (64 - d.top)) - (uint64_t)b_lo;
+        uint64_t in = b < (uint64_t)width;
+        int64_t slot = in ? (int64_t)b : width;
+        int64_t at = d.next[slot];
+        scr_t[at] = tags[i];
+        scr_r[at] = i;
+        d.next[slot] = at + (int64_t)in;
+    }
+    for (int64_t b = b_lo; b < b_hi; b++) {
+        int64_t lo = start[b] - base;
+        sort_top_bucket(&d, scr_t + lo, scr_r + lo, start[b + 1] - start[b], out_t + lo, out_r + lo, NULL, 0);
+    }
+    tag_digits_free(&d);
     return 0;
 }
 

@@ -75,6 +75,12 @@ def keep_uniform_kernel():
     lib.tag_sort.restype = i64
     lib.tag_sort.argtypes = [p, i64, ctypes.c_int, i64, p, p, p]
     kernels["tag_sort"] = lib.tag_sort
+    lib.tag_top_starts.restype = i64
+    lib.tag_top_starts.argtypes = [p, i64, ctypes.c_int, p]
+    kernels["tag_top_starts"] = lib.tag_top_starts
+    lib.tag_sort_part.restype = i64
+    lib.tag_sort_part.argtypes = [p, i64, ctypes.c_int, i64, p, i64, i64, p, p, p, p]
+    kernels["tag_sort_part"] = lib.tag_sort_part
     lib.panel_index.restype = None
     lib.panel_index.argtypes = [p, i64, ctypes.c_int, i64, p]
     kernels["panel_index"] = lib.panel_index

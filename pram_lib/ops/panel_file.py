@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy
 
-SLICE_BYTES = 8 << 20   # a draft's ε and pairs written back and dropped 8 MB at a time (see write_chunk)
+SLICE_BYTES = 8 << 20   # a draft written back and dropped 8 MB at a time (see LedgerDraft.write_back)
 DRAFT_PREFIX = ".records-draft-"   # a draft left by a release that failed: removed under the population's lock
 LARGEST_ROOM = {"releases": 10**12, "largest": 10**21}   # the widest header figures the room is sized for
 
@@ -50,10 +50,10 @@ def header_array(text: str, room: int) -> np.ndarray:
 
 class LedgerDraft:
     """The ledger file of a population's first release, made at full size and filled chunk by chunk
-    (`write_chunk`; row i: release row i): `records`, `loss`, `lasts`, `sorted_tags`, `by_tag` are writable views
-    of the file's pages, for use once the chunks are written.
-    `commit` writes the header and makes it the population's ledger; a draft never committed is removed with the
-    population's lock (`pram_lib.ops.panel.PanelStore.locked`)."""
+    (`write_chunk`; row i: release row i), then its tag index (`write_back`): `records`, `loss`, `lasts`,
+    `sorted_tags`, `by_tag` are read-only views of the file's pages, for use once written. `commit` writes the
+    header and makes the file the population's ledger; a draft never committed is removed with the population's lock
+    (`pram_lib.ops.panel.PanelStore.locked`)."""
 
     def __init__(self, folder: Path, rows: int, names: list[str], header: dict):
         self.rows, self.names = rows, list(names)
@@ -73,15 +73,15 @@ class LedgerDraft:
         self.size = at
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)   # owner only, as the ledger
         try:
-            os.posix_fallocate(fd, 0, self.size)   # a full disk refused here, not as SIGBUS on a page of the map
-            self.map = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            os.posix_fallocate(fd, 0, self.size)   # a full disk refused here, before any chunk is released
+            for at, prefix in prefixes:
+                write_at(fd, np.frombuffer(prefix, dtype=np.uint8), at)
+            self.map = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             self.path.unlink(missing_ok=True)
             raise
         self.fd = fd
-        for at, prefix in prefixes:
-            self.map[at:at + len(prefix)] = prefix
         views = {name: np.frombuffer(self.map, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)),
                                      offset=offset).reshape(shape) for name, dtype, shape, offset in layout}
         self.records, self.loss, self.lasts = views["records"], views["loss"], views["lasts"]
@@ -102,10 +102,7 @@ class LedgerDraft:
     def pairs_table(self, rows: int) -> np.ndarray:
         """A zeroed table of `rows` x the variables for a chunk's last pairs (0: none), in memory a finished chunk
         gave back where there is one (`write_chunk`): the chunks after the first touch no new memory."""
-        try:
-            spare = self.spare.get_nowait()
-        except queue.Empty:
-            spare = None
+        spare = self.spare_table()
         if spare is None or spare.shape[0] < rows:
             spare = np.empty((rows, len(self.names)), dtype=np.uint64)
         table = spare[:rows]
@@ -122,30 +119,41 @@ class LedgerDraft:
 
     def write_chunk(self, start: int, records: np.ndarray, loss: np.ndarray, table: np.ndarray) -> None:
         """The chunk of rows from `start`: its tags, ε and last pairs (`table`, given back for the next chunk)
-        written into the file (os.pwrite: the page cache filled by a copy, where writing through the map faulted
-        each page in; the map is read only once pass 2 is done). Its ε and pairs go in slices of about
-        SLICE_BYTES, each written back (os.fdatasync) and dropped from the page cache (posix_fadvise DONTNEED) before
-        the next, so the page cache reuses the same few megabytes. The tags stay cached for the tag index's sort. An
-        OSError (EIO: the disk failed the write) is raised."""
+        written into the file (os.pwrite: the page cache filled by a copy, where writing through a shared map
+        faulted each page in, dear on ext4, which journals each first write to a preallocated page). Its ε and pairs
+        are written back and dropped a slice at a time (`write_back`). The tags stay cached for the tag index's
+        sort. An OSError (EIO: the disk failed the write) is raised."""
         write_at(self.fd, records, self.offsets["records"] + start * self.row_bytes["records"])
-        for name, values in (("loss", loss), ("lasts", table)):
-            step = max(1, SLICE_BYTES // self.row_bytes[name])
-            for lo in range(0, values.shape[0], step):
-                at = self.offsets[name] + (start + lo) * self.row_bytes[name]
-                part = values[lo:lo + step]
-                write_at(self.fd, part, at)
-                if hasattr(os, "posix_fadvise"):   # elsewhere the pages stay cached until commit's fsync
-                    os.fdatasync(self.fd)
-                    os.posix_fadvise(self.fd, at, part.nbytes, os.POSIX_FADV_DONTNEED)
+        self.write_back("loss", loss, start)
+        self.write_back("lasts", table, start)
         self.spare.put(table.base if table.base is not None else table)
+
+    def write_back(self, name: str, values: np.ndarray, start: int) -> None:
+        """`values` written into the array `name` from its row `start`, in slices of about SLICE_BYTES, each
+        written back (os.fdatasync) and dropped from the page cache (posix_fadvise DONTNEED) before the next: the
+        page cache reuses the same few megabytes instead of taking new memory for the whole file."""
+        step = max(1, SLICE_BYTES // self.row_bytes[name])
+        for lo in range(0, values.shape[0], step):
+            at = self.offsets[name] + (start + lo) * self.row_bytes[name]
+            part = values[lo:lo + step]
+            write_at(self.fd, part, at)
+            if hasattr(os, "posix_fadvise"):   # elsewhere the pages stay cached until commit's fsync
+                os.fdatasync(self.fd)
+                os.posix_fadvise(self.fd, at, part.nbytes, os.POSIX_FADV_DONTNEED)
+
+    def spare_table(self) -> np.ndarray | None:
+        """A pair table a written chunk gave back (memory the process has touched already), or None."""
+        try:
+            return self.spare.get_nowait()
+        except queue.Empty:
+            return None
 
     def commit(self, header: dict, target: Path) -> None:
         """The header written into its room, the file fsync'd and renamed over `target`."""
         data = npy_bytes(header_array(json.dumps(header), self.room))
         if len(data) != self.header_bytes:
             raise ValueError("the ledger's header outgrew the room made for it")
-        self.map[:len(data)] = data
-        self.map.flush()        # msync: the pages written through the map reach the file
+        write_at(self.fd, np.frombuffer(data, dtype=np.uint8), 0)
         os.fsync(self.fd)
         os.close(self.fd)
         os.replace(self.path, target)

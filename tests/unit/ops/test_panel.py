@@ -869,7 +869,8 @@ def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_p
     committed ledger), while the writing process maps none of the written pages (they are copied in, not faulted
     in through the map: at most the pages of the 8 arrays' .npy prefixes are mapped, 5 arrays and a history per
     variable). A chunk's pair table reuses the memory of one written before, zeroed: a row whose pair is not put
-    (a missing value) reads 0, not the pair of the row that was there."""
+    (a missing value) reads 0, not the pair of the row that was there. The tag index is sorted and written the
+    same way, and the committed ledger reads it."""
     from pram_lib.ops import panel_file
     from pram_lib.ops.panel_file import LedgerDraft
 
@@ -895,10 +896,11 @@ def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_p
     assert all(np.shares_memory(t, tables[0]) for t in tables[1:])
     assert np.array_equal(draft.records, tags) and np.array_equal(draft.loss, loss)
     assert np.array_equal(draft.lasts, pairs)
-    draft.sorted_tags[:], draft.by_tag[:] = np.sort(tags), np.argsort(tags)
+    assert panel.draft_tag_index(draft) == 0
     draft.commit(head, tmp_path / "ledger.npy")
     back = panel.read_ledger(tmp_path / "ledger.npy")
     assert np.array_equal(back["records"], tags) and np.array_equal(back["lasts"], pairs)
+    assert np.array_equal(back["sorted_tags"], np.sort(tags)) and np.array_equal(back["by_tag"], np.argsort(tags))
 
 
 def test_a_first_ledger_draft_the_disk_fails_to_write(tmp_path, monkeypatch):
@@ -1028,6 +1030,45 @@ def test_sorting_tags_equals_argsort_and_gives_the_bucket_index(n, kind, monkeyp
     monkeypatch.setattr(fastpath, "keep_uniform_kernel", lambda: None)
     ordered, rows, index = panel.sort_tags(tags)
     assert np.array_equal(rows, want) and index is None
+
+
+@pytest.mark.parametrize("room", [None, 4 * 37_501, 4 * 200_000])
+@pytest.mark.parametrize("kind", ["uniform", "one bucket crowded", "repeats"])
+def test_sorting_tags_in_parts_puts_argsorts_order_part_by_part(room, kind):
+    """sort_tags_in_parts: 300,000 tags sorted a part at a time into a room of no memory (parts of 1/16 of the
+    tags), of 4 x 37,501 tags (8 or more parts) or of 4 x 200,000 (two parts): the parts, put in order, join into
+    np.argsort's order, each part whole runs of the first pass's buckets (a first-pass bucket crowded past the
+    room is a part of its own); the tags repeated are counted (3 repeats here, each against the tag before it)."""
+    rng = np.random.default_rng(31)
+    tags = rng.integers(0, 2**64, 300_000, dtype=np.uint64)
+    tags = np.unique(tags)[rng.permutation(np.unique(tags).size)][:300_000]
+    if kind == "one bucket crowded":   # 100,000 tags share their top 8 bits
+        tags[:100_000] = (tags[:100_000] >> np.uint64(8)) | np.uint64(0xAB << 56)
+    if kind == "repeats":
+        tags[[10, 20, 30]] = tags[[11, 21, 31]]
+    buffer = None if room is None else np.zeros(room, dtype=np.uint64)
+    parts = []
+    twice = panel.sort_tags_in_parts(tags, buffer, lambda first, t, r: parts.append((first, t.copy(), r.copy())))
+    assert twice == (3 if kind == "repeats" else 0)
+    firsts = [p[0] for p in parts]
+    assert firsts == sorted(firsts) and firsts[0] == 0
+    assert all(f + p[1].size == g for (f, *_), p, g in zip(parts, parts, firsts[1:] + [tags.size]))
+    ordered, rows = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+    assert np.array_equal(ordered, np.sort(tags))
+    if kind != "repeats":
+        assert np.array_equal(rows, np.argsort(tags))
+    else:
+        assert np.array_equal(tags[rows], ordered) and np.array_equal(np.sort(rows), np.arange(tags.size))
+    tops = [set((p[1] >> np.uint64(56)).tolist()) for p in parts]
+    assert all(not (a & b) for a, b in itertools.combinations(tops, 2))   # no first-pass bucket split
+    size = tags.size // 16 if room is None else max(room // 4, -(-tags.size // 16))
+    assert all(p[1].size <= size or len(t) == 1 for p, t in zip(parts, tops))
+    if kind == "one bucket crowded" and size < 100_000:   # the crowded bucket a part of its own
+        assert any(t == {0xAB} and p[1].size >= 100_000 for p, t in zip(parts, tops))
+    elif kind == "one bucket crowded":
+        assert len(parts) >= (tags.size + size - 1) // size
+    else:
+        assert len(parts) >= (tags.size + size - 1) // size
 
 
 @pytest.mark.parametrize("start", [0, 1234, 4999, 5000, 10**9, -3])
