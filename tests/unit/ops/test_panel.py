@@ -903,9 +903,10 @@ def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_p
     assert np.array_equal(back["sorted_tags"], np.sort(tags)) and np.array_equal(back["by_tag"], np.argsort(tags))
 
 
-def test_a_first_ledger_draft_the_disk_fails_to_write(tmp_path, monkeypatch):
-    """A write the disk fails (EIO) fails the release with the private store named and the fix, and leaves no
-    ledger and no draft."""
+@pytest.mark.parametrize("failing", ["fdatasync", "fsync"])
+def test_a_first_ledger_draft_the_disk_fails_to_write(tmp_path, monkeypatch, failing):
+    """A write the disk fails (EIO), of a chunk (fdatasync) or of the whole ledger as it is committed (fsync),
+    fails the release with the private store named and the fix, and leaves no ledger and no draft."""
     import errno
 
     from pram_lib.ops import panel_file
@@ -913,7 +914,7 @@ def test_a_first_ledger_draft_the_disk_fails_to_write(tmp_path, monkeypatch):
     def failing_sync(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(panel_file.os, "fdatasync", failing_sync)
+    monkeypatch.setattr(panel_file.os, failing, failing_sync)
     df = population(1500)
     shared_secret_store(tmp_path)
     path = spec_file(tmp_path, VARS)
