@@ -176,6 +176,7 @@ def draft_tag_index(draft: LedgerDraft) -> int:
         draft.write_back("sorted_tags", ordered, first)
         draft.write_back("by_tag", rows, first)
 
+    draft.written()
     twice = sort_tags_in_parts(draft.records, draft.spare_table(), put)
     if twice is None:
         ordered, rows, _ = sort_tags(draft.records)

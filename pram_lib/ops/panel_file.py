@@ -19,6 +19,7 @@ import json
 import mmap
 import os
 import queue
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,8 @@ class LedgerDraft:
         self.row_bytes = {name: np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
                           for name, dtype, shape, _ in layout}
         self.spare: queue.SimpleQueue = queue.SimpleQueue()   # pair tables of finished chunks (chunks run on threads)
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-draft")
+        self.failed: BaseException | None = None
 
     @staticmethod
     def size_of(rows: int, variables: int) -> int:
@@ -118,15 +121,34 @@ class LedgerDraft:
             column[moved] = pairs[moved]
 
     def write_chunk(self, start: int, records: np.ndarray, loss: np.ndarray, table: np.ndarray) -> None:
-        """The chunk of rows from `start`: its tags, ε and last pairs (`table`, given back for the next chunk)
-        written into the file (os.pwrite: the page cache filled by a copy, where writing through a shared map
-        faulted each page in, dear on ext4, which journals each first write to a preallocated page). Its ε and pairs
-        are written back and dropped a slice at a time (`write_back`). The tags stay cached for the tag index's
-        sort. An OSError (EIO: the disk failed the write) is raised."""
-        write_at(self.fd, records, self.offsets["records"] + start * self.row_bytes["records"])
-        self.write_back("loss", loss, start)
-        self.write_back("lasts", table, start)
+        """The chunk of rows from `start`: its tags, ε and last pairs (`table`, given back for a later chunk once
+        written) queued for the draft's writer thread (the standard library's concurrent.futures, one thread: the
+        chunks' work goes on while the disk is waited for). Raises the error of a queued write that failed (OSError,
+        e.g. EIO: the disk failed the write); `written` waits for them all."""
+        if self.failed is not None:
+            raise self.failed
+        self.writer.submit(self._write_chunk, start, records, loss, table)
+
+    def _write_chunk(self, start: int, records: np.ndarray, loss: np.ndarray, table: np.ndarray) -> None:
+        """write_chunk's work: the rows copied into the file (os.pwrite: the page cache filled by a copy, where
+        writing through a shared map faulted each page in, dear on ext4, which journals each first write to a
+        preallocated page), the ε and pairs written back and dropped a slice at a time (`write_back`), the tags
+        left cached for the tag index's sort."""
+        if self.failed is not None:
+            return
+        try:
+            write_at(self.fd, records, self.offsets["records"] + start * self.row_bytes["records"])
+            self.write_back("loss", loss, start)
+            self.write_back("lasts", table, start)
+        except BaseException as exc:
+            self.failed = self.failed or exc
         self.spare.put(table.base if table.base is not None else table)
+
+    def written(self) -> None:
+        """Wait for every queued chunk (the writer thread then ends); raise the error of one that failed."""
+        self.writer.shutdown(wait=True)
+        if self.failed is not None:
+            raise self.failed
 
     def write_back(self, name: str, values: np.ndarray, start: int) -> None:
         """`values` written into the array `name` from its row `start`, in slices of about SLICE_BYTES, each

@@ -870,7 +870,8 @@ def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_p
     in through the map: at most the pages of the 8 arrays' .npy prefixes are mapped, 5 arrays and a history per
     variable). A chunk's pair table reuses the memory of one written before, zeroed: a row whose pair is not put
     (a missing value) reads 0, not the pair of the row that was there. The tag index is sorted and written the
-    same way, and the committed ledger reads it."""
+    same way, and the committed ledger reads it. (The chunks are written by the draft's writer thread; the test
+    waits for each.)"""
     from pram_lib.ops import panel_file
     from pram_lib.ops.panel_file import LedgerDraft
 
@@ -892,6 +893,8 @@ def test_a_first_ledger_draft_is_written_chunk_by_chunk_without_mapping_it(tmp_p
             moved = np.flatnonzero(pairs[start:end, j])
             draft.put_pairs(table, v, moved, pairs[start:end, j])
         draft.write_chunk(start, tags[start:end], loss[start:end], table)
+        draft.writer.submit(int).result()   # the writer thread has written the chunk (one thread: in turn)
+    draft.written()
     assert mapped_pages(draft.path) <= 5 + len(names)
     assert all(np.shares_memory(t, tables[0]) for t in tables[1:])
     assert np.array_equal(draft.records, tags) and np.array_equal(draft.loss, loss)
