@@ -135,12 +135,21 @@ def fresh_memory_cost(huge_pages: bool = True) -> str:
         return "n/a"
 
 
+def reclaim_note() -> str:
+    """What the kernel's DAMON schemes do to memory, if any run (/sys/kernel/mm/damon/admin): a scheme that pages
+    out cold page cache hands free memory back to a VM's host, whose next first touch is then dear."""
+    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    actions = sorted({p.read_text().strip() for p in root.glob("*/contexts/*/schemes/*/action")
+                      if (p.parents[4] / "state").is_file() and (p.parents[4] / "state").read_text().strip() == "on"})
+    return f"; DAMON schemes running: {', '.join(actions)}" if actions else ""
+
+
 def measured_note() -> str:
     """A note saying when and on which CPU the section was measured, and how loaded the machine was."""
     return (f"Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on {cpu_model()}; load average "
             f"(1/5/15 min) at the end of the run {load_average()} on {os.cpu_count()} logical CPUs; a new process "
             f"filled 800 MB of fresh memory in {fresh_memory_cost()} as numpy allocates it (transparent huge pages), "
-            f"{fresh_memory_cost(huge_pages=False)} in 4 KiB pages (healthy: about 0.1 s).")
+            f"{fresh_memory_cost(huge_pages=False)} in 4 KiB pages (healthy: about 0.1 s){reclaim_note()}.")
 
 
 def write_section(name: str, order: int, section: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
