@@ -494,8 +494,8 @@ int64_t tag_sort(const uint64_t *tags, int64_t n, int shift, int64_t buckets, in
 /* tag_sort a part at a time, for output that is written out as it is made: tag_top_starts gives the starts of the
  * first pass's buckets (start[b] for b = 0 .. 2^top, top = min(8, 64 - shift)); tag_sort_part sorts the tags of
  * top buckets b_lo .. b_hi - 1 (one scan of all n tags) into out_t[], out_r[] (start[b_hi] - start[b_lo] of them,
- * their rows in tags[]) through scratch scr_t[], scr_r[] of one more. Each returns 0, or -1 when memory for the
- * digits could not be had (nothing written). */
+ * their rows in tags[], and one slot more), each top bucket through scratch scr_t[], scr_r[] of the largest's size.
+ * Each returns 0, or -1 when memory for the digits could not be had (nothing written). */
 int64_t tag_top_starts(const uint64_t *tags, int64_t n, int shift, int64_t *start) {
     int bits = 64 - shift, top = bits < 8 ? bits : 8;
     digit_starts(tags, n, 64 - top, (int64_t)1 << top, start);
@@ -509,18 +509,20 @@ int64_t tag_sort_part(const uint64_t *tags, int64_t n, int shift, int64_t bucket
     int64_t base = start[b_lo], width = b_hi - b_lo;
     for (int64_t b = b_lo; b < b_hi; b++) d.next[b - b_lo] = start[b] - base;
     d.next[width] = start[b_hi] - base;   /* the tags of other buckets all go to this one slot past the part */
-    for (int64_t i = 0; i < n; i++) {   /* without a branch: a part is a random eighth or so of keyed tags */
+    for (int64_t i = 0; i < n; i++) {   /* without a branch: a part is a random quarter or so of keyed tags */
         uint64_t b = (tags[i] >> (64 - d.top)) - (uint64_t)b_lo;
         uint64_t in = b < (uint64_t)width;
         int64_t slot = in ? (int64_t)b : width;
         int64_t at = d.next[slot];
-        scr_t[at] = tags[i];
-        scr_r[at] = i;
+        out_t[at] = tags[i];
+        out_r[at] = i;
         d.next[slot] = at + (int64_t)in;
     }
-    for (int64_t b = b_lo; b < b_hi; b++) {
-        int64_t lo = start[b] - base;
-        sort_top_bucket(&d, scr_t + lo, scr_r + lo, start[b + 1] - start[b], out_t + lo, out_r + lo, NULL, 0);
+    for (int64_t b = b_lo; b < b_hi; b++) {   /* each top bucket copied out (the cache holds it) and sorted back */
+        int64_t lo = start[b] - base, k = start[b + 1] - start[b];
+        memcpy(scr_t, out_t + lo, (size_t)k * sizeof(uint64_t));
+        memcpy(scr_r, out_r + lo, (size_t)k * sizeof(int64_t));
+        sort_top_bucket(&d, scr_t, scr_r, k, out_t + lo, out_r + lo, NULL, 0);
     }
     tag_digits_free(&d);
     return 0;

@@ -128,13 +128,14 @@ def sort_tags(tags: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarra
 MAX_PARTS = 16   # sort_tags_in_parts scans every tag once a part
 
 
-def sort_tags_in_parts(tags: np.ndarray, buffer: np.ndarray | None,
+def sort_tags_in_parts(tags: np.ndarray, buffers: list[np.ndarray],
                        put: Callable[[int, np.ndarray, np.ndarray], None]) -> int | None:
     """`sort_tags` for a tag index written out as it is made: the tags sorted a part at a time (runs of the first
-    pass's buckets, each about a quarter of `buffer`, memory the process has touched already, and at least 1 /
-    MAX_PARTS of the tags), each part handed to put(its first row, its tags in order, their positions) before the
-    next is made in the same memory. Sorting all at once took 160 MB of new memory for 10^7 tags, dear on a VM
-    whose host reclaims free memory (0.5-1.8 s against 0.1 s in memory touched before, on the EPYC of 2026-12-03).
+    pass's buckets) into `buffers` (memory the process has touched already: with two, a part's tags in the first and
+    their rows in the second, else both in the first; a part at least 1 / MAX_PARTS of the tags), each part handed
+    to put(its first row, its tags in order, their positions) before the next is made in the same memory. Sorting
+    all at once took 160 MB of new memory for 10^7 tags, dear on a VM whose host reclaims free memory (0.5-1.8 s
+    against 0.1 s in memory touched before, on the EPYC of 2026-12-03); each part costs a scan of every tag.
     Returns how many tags repeat the one before them, or None without the C kernel (nothing put)."""
     from pram_lib.core import fastpath
 
@@ -146,38 +147,44 @@ def sort_tags_in_parts(tags: np.ndarray, buffer: np.ndarray | None,
     tops = 1 << min(8, bits)
     start = np.empty(tops + 1, dtype=np.int64)
     lib["tag_top_starts"](tags.ctypes.data, n, 64 - bits, start.ctypes.data)
-    size = max(buffer.size // 4 - 1 if buffer is not None else 0, -(-n // MAX_PARTS))
-    if buffer is not None and buffer.size >= 4 * (size + 1) and buffer.dtype == np.uint64 and buffer.flags.c_contiguous:
-        room = buffer.reshape(-1)
-    else:
-        room = np.empty(4 * (size + 1), dtype=np.uint64)
+    largest = int(np.diff(start).max())
+    scr_t, scr_r = np.empty(largest + 1, dtype=np.uint64), np.empty(largest + 1, dtype=np.int64)   # one top bucket
+    rooms = [b.reshape(-1) for b in buffers if b.dtype == np.uint64 and b.flags.c_contiguous]
+    rooms = sorted(rooms, key=lambda b: -b.size)[:2]
+    held = (min(b.size for b in rooms) if len(rooms) == 2 else rooms[0].size // 2) if rooms else 0
+    size = max(held - 1, -(-n // MAX_PARTS))
     twice, b = 0, 0
     while b < tops:
         e = b + 1
         while e < tops and start[e + 1] - start[b] <= size:
             e += 1
         k = int(start[e] - start[b])
-        part = room if k <= size else np.empty(4 * (k + 1), dtype=np.uint64)   # one first-pass bucket past the room
-        step = (size if k <= size else k) + 1
-        out_t, out_r, scr_t, scr_r = (part[i * step:i * step + k + (i > 1)] for i in range(4))
+        if k + 1 <= held:   # the part's tags, and one slot past them for the other tags
+            out_t, out_r = (rooms[0][:k + 1], rooms[1][:k + 1]) if len(rooms) == 2 else \
+                (rooms[0][:k + 1], rooms[0][held:held + k + 1])
+        else:   # no room given, or one first-pass bucket past it
+            out_t = np.empty(2 * (k + 1), dtype=np.uint64)
+            out_t, out_r = out_t[:k + 1], out_t[k + 1:]
         if lib["tag_sort_part"](tags.ctypes.data, n, 64 - bits, 1 << bits, start.ctypes.data, b, e,
                                 out_t.ctypes.data, out_r.ctypes.data, scr_t.ctypes.data, scr_r.ctypes.data):
             raise MemoryError("no memory for the tag sort's digits")
+        out_t, out_r = out_t[:k], out_r[:k].view(np.int64)
         twice += int(np.count_nonzero(out_t[1:] == out_t[:-1]))   # parts differ in their top bits: none across
-        put(int(start[b]), out_t, out_r.view(np.int64))   # scratch: a slot past the part, for the other tags
+        put(int(start[b]), out_t, out_r)
         b = e
     return twice
 
 
 def draft_tag_index(draft: LedgerDraft) -> int:
     """The tag index of a first release's ledger draft sorted and written into it (`sort_tags_in_parts`, in the
-    memory of a pair table a chunk gave back; `sort_tags` without the C kernel). Returns how many tags repeat."""
+    memory of the pair tables the chunks gave back; `sort_tags` without the C kernel). Returns how many tags
+    repeat."""
     def put(first: int, ordered: np.ndarray, rows: np.ndarray) -> None:
         draft.write_back("sorted_tags", ordered, first)
         draft.write_back("by_tag", rows, first)
 
     draft.written()
-    twice = sort_tags_in_parts(draft.records, draft.spare_table(), put)
+    twice = sort_tags_in_parts(draft.records, draft.spare_tables(), put)
     if twice is None:
         ordered, rows, _ = sort_tags(draft.records)
         put(0, ordered, rows)

@@ -7,9 +7,10 @@ chunk writes its rows' tags, ε and pairs into their place (`write_chunk`): for 
 where keeping the chunks' arrays, gathering them into a table and writing it out touched it three times. A written
 chunk's ε and pairs are written back and dropped from the page cache, so the next chunk's pages reuse the memory
 just freed (touching 0.8 GB of new page cache took 3 s on the EPYC VMs of 2026-12-02). Once pass 2 is done the
-file is read through a map (the standard library's mmap, MAP_SHARED), and the tag index sorted into it. The
-header is written last, into room sized for it beforehand (its JSON padded with spaces), then the file is fsync'd
-and renamed over the ledger.
+tags are read through a read-only map (the standard library's mmap, MAP_SHARED) and the tag index is sorted a part
+at a time in the pair tables the chunks gave back, each part written back the same way
+(pram_lib.ops.panel.draft_tag_index). The header is written last, into room sized for it beforehand (its JSON
+padded with spaces), then the file is fsync'd and renamed over the ledger.
 """
 
 from __future__ import annotations
@@ -162,6 +163,13 @@ class LedgerDraft:
             if hasattr(os, "posix_fadvise"):   # elsewhere the pages stay cached until commit's fsync
                 os.fdatasync(self.fd)
                 os.posix_fadvise(self.fd, at, part.nbytes, os.POSIX_FADV_DONTNEED)
+
+    def spare_tables(self) -> list[np.ndarray]:
+        """Every pair table the written chunks gave back (once pass 2 is done: `written`)."""
+        tables = []
+        while (table := self.spare_table()) is not None:
+            tables.append(table)
+        return tables
 
     def spare_table(self) -> np.ndarray | None:
         """A pair table a written chunk gave back (memory the process has touched already), or None."""

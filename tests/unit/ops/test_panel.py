@@ -1036,13 +1036,14 @@ def test_sorting_tags_equals_argsort_and_gives_the_bucket_index(n, kind, monkeyp
     assert np.array_equal(rows, want) and index is None
 
 
-@pytest.mark.parametrize("room", [None, 4 * 37_501, 4 * 200_000])
+@pytest.mark.parametrize("rooms", [[], [2 * 37_501], [37_502, 40_000], [2 * 200_001], [200_001, 250_000]])
 @pytest.mark.parametrize("kind", ["uniform", "one bucket crowded", "repeats"])
-def test_sorting_tags_in_parts_puts_argsorts_order_part_by_part(room, kind):
-    """sort_tags_in_parts: 300,000 tags sorted a part at a time into a room of no memory (parts of 1/16 of the
-    tags), of 4 x 37,501 tags (8 or more parts) or of 4 x 200,000 (two parts): the parts, put in order, join into
-    np.argsort's order, each part whole runs of the first pass's buckets (a first-pass bucket crowded past the
-    room is a part of its own); the tags repeated are counted (3 repeats here, each against the tag before it)."""
+def test_sorting_tags_in_parts_puts_argsorts_order_part_by_part(rooms, kind):
+    """sort_tags_in_parts: 300,000 tags sorted a part at a time into no memory given (parts of 1/16 of the tags),
+    into room for 37,501 tags and their rows (one buffer holding both, or two: 8 or more parts) or for 200,000 (two
+    parts): the parts, put in order, join into np.argsort's order, each part whole runs of the first pass's buckets
+    (a first-pass bucket crowded past the room is a part of its own); the tags repeated are counted (3 repeats
+    here, each against the tag before it)."""
     rng = np.random.default_rng(31)
     tags = rng.integers(0, 2**64, 300_000, dtype=np.uint64)
     tags = np.unique(tags)[rng.permutation(np.unique(tags).size)][:300_000]
@@ -1050,9 +1051,9 @@ def test_sorting_tags_in_parts_puts_argsorts_order_part_by_part(room, kind):
         tags[:100_000] = (tags[:100_000] >> np.uint64(8)) | np.uint64(0xAB << 56)
     if kind == "repeats":
         tags[[10, 20, 30]] = tags[[11, 21, 31]]
-    buffer = None if room is None else np.zeros(room, dtype=np.uint64)
+    buffers = [np.zeros(r, dtype=np.uint64) for r in rooms]
     parts = []
-    twice = panel.sort_tags_in_parts(tags, buffer, lambda first, t, r: parts.append((first, t.copy(), r.copy())))
+    twice = panel.sort_tags_in_parts(tags, buffers, lambda first, t, r: parts.append((first, t.copy(), r.copy())))
     assert twice == (3 if kind == "repeats" else 0)
     firsts = [p[0] for p in parts]
     assert firsts == sorted(firsts) and firsts[0] == 0
@@ -1065,7 +1066,8 @@ def test_sorting_tags_in_parts_puts_argsorts_order_part_by_part(room, kind):
         assert np.array_equal(tags[rows], ordered) and np.array_equal(np.sort(rows), np.arange(tags.size))
     tops = [set((p[1] >> np.uint64(56)).tolist()) for p in parts]
     assert all(not (a & b) for a, b in itertools.combinations(tops, 2))   # no first-pass bucket split
-    size = tags.size // 16 if room is None else max(room // 4, -(-tags.size // 16))
+    held = 0 if not rooms else min(rooms) if len(rooms) == 2 else rooms[0] // 2   # slots for a part and one more
+    size = max(held - 1, -(-tags.size // 16))
     assert all(p[1].size <= size or len(t) == 1 for p, t in zip(parts, tops))
     if kind == "one bucket crowded" and size < 100_000:   # the crowded bucket a part of its own
         assert any(t == {0xAB} and p[1].size >= 100_000 for p, t in zip(parts, tops))
