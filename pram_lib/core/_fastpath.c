@@ -463,6 +463,15 @@ static void sort_top_bucket(TagDigits *d, const uint64_t *src_t, const int64_t *
         for (int64_t j = 0; j < d->subs; j++) index_at[j] = lo + d->fine[j << d->finer];
 }
 
+/* the k tags out_t[lo..], out_r[lo..] of one top bucket copied into the scratch scr_t[], scr_r[] (the cache holds it)
+ * and sorted back into place (sort_top_bucket) */
+static void resort_top_bucket(TagDigits *d, uint64_t *out_t, int64_t *out_r, int64_t lo, int64_t k, uint64_t *scr_t,
+                              int64_t *scr_r, int64_t *index_at) {
+    memcpy(scr_t, out_t + lo, (size_t)k * sizeof(uint64_t));
+    memcpy(scr_r, out_r + lo, (size_t)k * sizeof(int64_t));
+    sort_top_bucket(d, scr_t, scr_r, k, out_t + lo, out_r + lo, index_at, lo);
+}
+
 int64_t tag_sort(const uint64_t *tags, int64_t n, int shift, int64_t buckets, int64_t *index, uint64_t *sorted,
                  int64_t *rows) {
     TagDigits d;
@@ -480,12 +489,8 @@ int64_t tag_sort(const uint64_t *tags, int64_t n, int shift, int64_t buckets, in
         return -1;
     }
     digit_scatter(tags, NULL, n, 64 - d.top, d.tops, start, d.next, sorted, rows);
-    for (int64_t b = 0; b < d.tops; b++) {
-        int64_t lo = start[b], k = start[b + 1] - lo;
-        memcpy(part_t, sorted + lo, (size_t)k * sizeof(uint64_t));
-        memcpy(part_r, rows + lo, (size_t)k * sizeof(int64_t));
-        sort_top_bucket(&d, part_t, part_r, k, sorted + lo, rows + lo, index + b * d.subs, lo);
-    }
+    for (int64_t b = 0; b < d.tops; b++)
+        resort_top_bucket(&d, sorted, rows, start[b], start[b + 1] - start[b], part_t, part_r, index + b * d.subs);
     index[buckets] = n;
     tag_digits_free(&d); free(start); free(part_t); free(part_r);
     return 0;
@@ -509,7 +514,7 @@ int64_t tag_sort_part(const uint64_t *tags, int64_t n, int shift, int64_t bucket
     int64_t base = start[b_lo], width = b_hi - b_lo;
     for (int64_t b = b_lo; b < b_hi; b++) d.next[b - b_lo] = start[b] - base;
     d.next[width] = start[b_hi] - base;   /* the tags of other buckets all go to this one slot past the part */
-    for (int64_t i = 0; i < n; i++) {   /* without a branch: a part is a random quarter or so of keyed tags */
+    for (int64_t i = 0; i < n; i++) {   /* without a branch: a part is a random fraction of keyed tags */
         uint64_t b = (tags[i] >> (64 - d.top)) - (uint64_t)b_lo;
         uint64_t in = b < (uint64_t)width;
         int64_t slot = in ? (int64_t)b : width;
@@ -518,12 +523,8 @@ int64_t tag_sort_part(const uint64_t *tags, int64_t n, int shift, int64_t bucket
         out_r[at] = i;
         d.next[slot] = at + (int64_t)in;
     }
-    for (int64_t b = b_lo; b < b_hi; b++) {   /* each top bucket copied out (the cache holds it) and sorted back */
-        int64_t lo = start[b] - base, k = start[b + 1] - start[b];
-        memcpy(scr_t, out_t + lo, (size_t)k * sizeof(uint64_t));
-        memcpy(scr_r, out_r + lo, (size_t)k * sizeof(int64_t));
-        sort_top_bucket(&d, scr_t, scr_r, k, out_t + lo, out_r + lo, NULL, 0);
-    }
+    for (int64_t b = b_lo; b < b_hi; b++)
+        resort_top_bucket(&d, out_t, out_r, start[b] - base, start[b + 1] - start[b], scr_t, scr_r, NULL);
     tag_digits_free(&d);
     return 0;
 }
